@@ -1,0 +1,162 @@
+"""The `dapo-async` console script: argument parsing and dispatch to each subcommand.
+
+Owns only parsing; every subcommand imports its heavy modules (torch, vLLM, Aim) after the
+arguments are parsed, so `dapo-async --help` and `dapo-async config` start fast.
+Exit status: 0 on success; 1 with a one-line reason on stderr on failure; 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+# Subcommands the design names that are not built yet, with the issue that builds them.
+PLANNED = {
+    "buffer": ("run the replay-buffer service", 6),
+    "learner": ("run learner ranks under torchrun", 8),
+    "generator": ("run one generator process", 5),
+    "reward-server": ("serve a reward model over ZeroMQ", 3),
+    "tune": ("throughput-tuning sweeps", 9),
+    "dashboard": ("start `aim up` on a run's repo", 9),
+    "report": ("write PNG plots of a finished run", 9),
+}
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr with exit status 1."""
+
+
+def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "config", nargs=None if required else "?", help="YAML file, e.g. configs/tiny_cpu.yaml"
+    )
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.clip_high=0.3")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from dapo_async import config as C
+
+    if args.action == "docs":
+        print("| key | default | description |\n| --- | --- | --- |")
+        for key, doc, default in C.field_docs():
+            print(f"| `{key}` | `{json.dumps(default)}` | {doc} |")
+        return 0
+    if args.config is None:
+        raise CliError("config show needs a config file")
+    cfg = C.load_config(args.config, args.overrides)
+    print(C.to_yaml(cfg), end="")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from dapo_async.transport import generate_keys
+
+    paths = generate_keys(args.out)
+    print(f"server public key: {paths['server']}")
+    print(f"server secret key: {paths['server_secret']} (stays on the buffer host)")
+    print(f"client key pair:   {paths['client']}, {paths['client_secret']}")
+    print(f"authorized client keys: {paths['authorized']}/")
+    print(f"Set launch.curve_keys_dir={args.out} on every role.")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "transport":
+        from dapo_async.bench.transport_bench import main as bench_main
+
+        return bench_main(args)
+    raise CliError(f"bench {args.what}: not built yet")
+
+
+def cmd_planned(name: str, issue: int) -> Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        raise CliError(f"`dapo-async {name}` is not built yet (tracked in issue {issue})")
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dapo-async",
+        description="Asynchronous actor-learner RL for LLMs with DAPO.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="train on one machine (the tiny CPU default runs end to end)")
+    _add_config_args(p)
+    p.set_defaults(func=_lazy("dapo_async.launch.train", "main"))
+
+    p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model directory")
+    p.add_argument("--model", required=True, help="HF causal-LM directory")
+    p.add_argument("--data", default="tiny:arith", help="tiny:<task> or a parquet/jsonl file")
+    p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k, pass@k)")
+    p.add_argument("--num-prompts", type=int, default=256, help="prompts of a built-in task")
+    p.add_argument("--difficulty", type=int, default=2, help="built-in task difficulty")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.set_defaults(func=_lazy("dapo_async.launch.eval_cmd", "main"))
+
+    p = sub.add_parser("init-tiny", help="build (or reuse) the built-in tiny policy")
+    p.add_argument("--out", default=".cache/tiny", help="model directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task", default="arith", help="warm-start task: arith | chain")
+    p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.set_defaults(func=_lazy("dapo_async.tiny.build", "main"))
+
+    p = sub.add_parser("reward", help="score a response read on stdin (verifier debugging)")
+    p.add_argument("action", choices=["score"])
+    p.add_argument("--fn", default="dapo_math", help="dapo_math | boxed | package.module:function")
+    p.add_argument("--ground-truth", required=True)
+    p.set_defaults(func=_lazy("dapo_async.reward.cli", "main"))
+
+    p = sub.add_parser("config", help="show the resolved config, or the key reference")
+    p.add_argument("action", choices=["show", "docs"])
+    _add_config_args(p, required=False)
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("keys", help="generate CurveZMQ key pairs for non-loopback binds")
+    p.add_argument("--out", required=True, help="directory for the keys")
+    p.set_defaults(func=cmd_keys)
+
+    p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
+    p.add_argument("what", choices=["transport"])
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    p.add_argument("--batch", type=int, default=32, help="groups per batched message")
+    p.set_defaults(func=cmd_bench)
+
+    for name, (what, issue) in PLANNED.items():
+        p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=cmd_planned(name, issue))
+    return parser
+
+
+def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(args)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dapo_async.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ConfigError) as e:
+        print(f"dapo-async {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"dapo-async {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

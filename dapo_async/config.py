@@ -1,0 +1,484 @@
+"""The typed configuration tree of a dapo_async run.
+
+Owns: the dataclasses every role reads (``RunConfig`` → model, data, generator, reward, buffer,
+algo, learner, weight_sync, tracking, launch), loading them from YAML files in ``configs/`` with
+dotted command-line overrides (OmegaConf structured configs do the merging and the type
+checking), validation that names the key path and the reason, and writing the resolved config
+into the run directory.
+
+Every field carries its documentation in ``metadata["doc"]``; ``dapo-async config docs`` and
+``docs/configuration.md`` are generated from it. This module must import without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+__all__ = [
+    "AlgoConfig",
+    "BufferConfig",
+    "ConfigError",
+    "DataConfig",
+    "GeneratorConfig",
+    "LaunchConfig",
+    "LearnerConfig",
+    "ModelConfig",
+    "RewardConfig",
+    "RunConfig",
+    "TrackingConfig",
+    "WeightSyncConfig",
+    "field_docs",
+    "load_config",
+    "save_resolved",
+    "to_yaml",
+]
+
+RESOLVED_CONFIG_NAME = "config.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value or key is invalid; the message starts with the dotted key path."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def F(default: Any, doc: str) -> Any:
+    """A dataclass field with documentation (mutable defaults get a factory)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+def S(cls: type, doc: str) -> Any:
+    """A documented sub-section field."""
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+def _need(ok: bool, key: str, reason: str) -> None:
+    if not ok:
+        raise ConfigError(key, reason)
+
+
+def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
+    _need(value in choices, key, f"must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    path: str = F("", "HF causal-LM directory of the policy; empty = the built-in tiny model.")
+    tiny_dir: str = F(".cache/tiny", "Where `init-tiny` builds and caches the built-in tiny model.")
+    dtype: str = F("float32", "Parameter dtype for learner and engines: float32 | bfloat16.")
+    reference_path: str = F("", "Frozen reference model for KL; empty = the initial policy.")
+
+    def check(self, p: str) -> None:
+        _choice(self.dtype, ("float32", "bfloat16"), f"{p}.dtype")
+
+
+@dataclass
+class DataConfig:
+    source: str = F(
+        "tiny:arith",
+        "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain) or a "
+        ".parquet/.jsonl file in the DAPO-Math-17K schema.",
+    )
+    eval_source: str = F("", "Held-out prompts (same forms as `source`); empty = the task's split.")
+    num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).")
+    num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).")
+    difficulty: int = F(2, "Built-in tasks: number of digits per operand (arith) or steps (chain).")
+    max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.")
+    shuffle_seed: int = F(0, "Seed of the deterministic per-epoch prompt shuffle.")
+
+    def check(self, p: str) -> None:
+        _need(self.source != "", f"{p}.source", "must not be empty")
+        _need(self.num_train > 0, f"{p}.num_train", "must be > 0")
+        _need(self.num_eval > 0, f"{p}.num_eval", "must be > 0")
+        _need(1 <= self.difficulty <= 12, f"{p}.difficulty", "must be in [1, 12]")
+        _need(self.max_prompt_len > 0, f"{p}.max_prompt_len", "must be > 0")
+
+
+@dataclass
+class GeneratorConfig:
+    engine: str = F("hf", "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).")
+    num_generators: int = F(1, "Generator processes started by `dapo-async train`.")
+    responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).")
+    prompts_per_batch: int = F(8, "Prompts a generator leases and samples in one engine call.")
+    temperature: float = F(1.0, "Sampling temperature (DAPO trains at 1.0).")
+    top_p: float = F(1.0, "Nucleus sampling mass.")
+    top_k: int = F(-1, "Top-k sampling; -1 = off.")
+    max_tokens: int = F(24, "Maximum response length in tokens.")
+    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.")
+    eval_top_p: float = F(1.0, "top_p for held-out evaluation.")
+    logprobs_mode: str = F(
+        "processed", "Behaviour log-probs: processed (after temperature/top-p) | raw."
+    )
+    max_model_len: int = F(256, "vLLM: maximum sequence length.")
+    cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
+    tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
+    heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.")
+
+    def check(self, p: str) -> None:
+        _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
+        _choice(self.logprobs_mode, ("processed", "raw"), f"{p}.logprobs_mode")
+        _need(self.num_generators >= 1, f"{p}.num_generators", "must be >= 1")
+        _need(self.responses_per_prompt >= 2, f"{p}.responses_per_prompt", "must be >= 2 (groups)")
+        _need(self.prompts_per_batch >= 1, f"{p}.prompts_per_batch", "must be >= 1")
+        _need(self.temperature > 0, f"{p}.temperature", "must be > 0")
+        _need(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
+        _need(self.max_tokens >= 1, f"{p}.max_tokens", "must be >= 1")
+        _need(self.eval_temperature >= 0, f"{p}.eval_temperature", "must be >= 0")
+        _need(0 < self.eval_top_p <= 1, f"{p}.eval_top_p", "must be in (0, 1]")
+        _need(self.heartbeat_s > 0, f"{p}.heartbeat_s", "must be > 0")
+
+
+@dataclass
+class RewardConfig:
+    fn: str = F(
+        "dapo_math",
+        "Reward function: dapo_math | boxed | `package.module:function` (custom).",
+    )
+    overlong_shaping: bool = F(True, "Add DAPO's soft overlong punishment to the reward.")
+    overlong_max_len: int = F(24, "L_max of the overlong punishment (tokens).")
+    overlong_cache_len: int = F(6, "L_cache of the overlong punishment (tokens).")
+    timeout_s: float = F(
+        5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
+    )
+    num_workers: int = F(1, "Isolated reward worker processes per generator.")
+
+    def check(self, p: str) -> None:
+        _need(self.fn != "", f"{p}.fn", "must not be empty")
+        _need(self.overlong_max_len > 0, f"{p}.overlong_max_len", "must be > 0")
+        _need(
+            0 < self.overlong_cache_len < self.overlong_max_len,
+            f"{p}.overlong_cache_len",
+            "must be in (0, overlong_max_len)",
+        )
+        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
+        _need(self.num_workers >= 1, f"{p}.num_workers", "must be >= 1")
+
+
+@dataclass
+class BufferConfig:
+    port: int = F(0, "Buffer ROUTER port; 0 = pick a free port (local runs).")
+    groups_per_step: int = F(16, "Groups (prompts) in one learner step's global batch.")
+    max_staleness: int = F(1, "Tokens trained at version v come from weights >= v - max_staleness.")
+    dynamic_sampling: bool = F(True, "Drop groups whose filter metric has zero variance (DAPO).")
+    filter_metric: str = F("acc", "Metric of the dynamic-sampling filter: acc | score.")
+    min_group_acc: float = F(0.0, "Band-pass: keep groups with accuracy >= this (0 = off).")
+    max_group_acc: float = F(1.0, "Band-pass: keep groups with accuracy <= this (1 = off).")
+    max_gen_rounds: int = F(0, "Max generation rounds per step; <= 0 = unlimited (DAPO).")
+    max_buffered_groups: int = F(4096, "Memory bound: generators are told to wait beyond this.")
+    wal: bool = F(False, "Keep a write-ahead log of accepted, not yet trained groups.")
+    lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.")
+
+    def check(self, p: str) -> None:
+        _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")
+        _need(self.groups_per_step >= 1, f"{p}.groups_per_step", "must be >= 1")
+        _need(self.max_staleness >= 0, f"{p}.max_staleness", "must be >= 0")
+        _choice(self.filter_metric, ("acc", "score"), f"{p}.filter_metric")
+        _need(0 <= self.min_group_acc <= 1, f"{p}.min_group_acc", "must be in [0, 1]")
+        _need(
+            self.min_group_acc <= self.max_group_acc <= 1,
+            f"{p}.max_group_acc",
+            "must be in [min_group_acc, 1]",
+        )
+        _need(self.max_buffered_groups >= 1, f"{p}.max_buffered_groups", "must be >= 1")
+        _need(self.lease_timeout_s > 0, f"{p}.lease_timeout_s", "must be > 0")
+
+
+@dataclass
+class AlgoConfig:
+    objective: str = F("dapo", "Objective: dapo | grpo | ppo_kl | dpo (see docs/algorithms.md).")
+    clip_low: float = F(0.2, "ε_low: lower clip of the ratio, 1 - ε_low.")
+    clip_high: float = F(0.28, "ε_high: upper clip of the ratio, 1 + ε_high (clip-higher).")
+    dual_clip: float = F(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.")
+    loss_agg: str = F(
+        "token-mean",
+        "Loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
+        "seq-mean-token-sum-norm.",
+    )
+    adv_norm_std: bool = F(True, "Divide group advantages by the std (False = Dr. GRPO).")
+    adv_eps: float = F(1e-6, "ε in (R - mean) / (std + ε).")
+    is_cap: float = F(2.0, "C: cap of the behaviour importance weight min(π_prox/π_behav, C).")
+    is_mask_low: float = F(0.0, "Mask tokens whose importance weight is below this (0 = off).")
+    is_mask_high: float = F(0.0, "Mask tokens whose importance weight is above this (0 = off).")
+    seq_mask_low: float = F(0.0, "Sequence geometric-mean weight mask, lower bound (0 = off).")
+    seq_mask_high: float = F(0.0, "Sequence geometric-mean weight mask, upper bound (0 = off).")
+    bypass: bool = F(
+        False, "Bypass mode: proximal log-probs := behaviour log-probs (no recompute)."
+    )
+    overlong_filter: bool = F(False, "Mask the loss of truncated responses.")
+    kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).")
+    kl_estimator: str = F("k3", "KL estimator: k1 | k2 | k3.")
+    dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.")
+    norm_len: int = F(0, "Constant divisor of seq-mean-token-sum-norm; 0 = max_tokens.")
+
+    def check(self, p: str) -> None:
+        _choice(self.objective, ("dapo", "grpo", "ppo_kl", "dpo"), f"{p}.objective")
+        _need(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
+        _need(self.clip_high >= 0, f"{p}.clip_high", "must be >= 0")
+        _need(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 or > 1")
+        _choice(
+            self.loss_agg,
+            ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+            f"{p}.loss_agg",
+        )
+        _need(self.adv_eps > 0, f"{p}.adv_eps", "must be > 0")
+        _need(self.is_cap > 0, f"{p}.is_cap", "must be > 0")
+        _need(self.is_mask_low >= 0, f"{p}.is_mask_low", "must be >= 0")
+        _need(
+            self.is_mask_high == 0 or self.is_mask_high > self.is_mask_low,
+            f"{p}.is_mask_high",
+            "must be 0 or > is_mask_low",
+        )
+        _need(self.seq_mask_low >= 0, f"{p}.seq_mask_low", "must be >= 0")
+        _need(
+            self.seq_mask_high == 0 or self.seq_mask_high > self.seq_mask_low,
+            f"{p}.seq_mask_high",
+            "must be 0 or > seq_mask_low",
+        )
+        _need(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
+        _choice(self.kl_estimator, ("k1", "k2", "k3"), f"{p}.kl_estimator")
+        _need(self.dpo_beta > 0, f"{p}.dpo_beta", "must be > 0")
+        _need(self.norm_len >= 0, f"{p}.norm_len", "must be >= 0")
+
+
+@dataclass
+class LearnerConfig:
+    num_steps: int = F(40, "Learner steps (policy versions) to train.")
+    num_ranks: int = F(1, "Learner ranks (torchrun nproc_per_node) for local runs.")
+    num_minibatches: int = F(2, "Gradient updates per rollout step (DAPO: several).")
+    micro_batch_tokens: int = F(4096, "Token budget of one forward/backward micro-batch.")
+    lr: float = F(2e-4, "AdamW learning rate after warm-up.")
+    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).")
+    betas: list = F([0.9, 0.99], "AdamW betas.")
+    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.")
+    warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.")
+    activation_checkpointing: bool = F(False, "Recompute activations in the backward pass.")
+    checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.")
+    keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
+    eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
+    backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
+    fsdp: bool = F(False, "Use FSDP2 instead of DDP (GPU only).")
+
+    def check(self, p: str) -> None:
+        _need(self.num_steps >= 1, f"{p}.num_steps", "must be >= 1")
+        _need(self.num_ranks >= 1, f"{p}.num_ranks", "must be >= 1")
+        _need(self.num_minibatches >= 1, f"{p}.num_minibatches", "must be >= 1")
+        _need(self.micro_batch_tokens >= 1, f"{p}.micro_batch_tokens", "must be >= 1")
+        _need(self.lr > 0, f"{p}.lr", "must be > 0")
+        _need(self.weight_decay >= 0, f"{p}.weight_decay", "must be >= 0")
+        _need(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            f"{p}.betas",
+            "must be two numbers in [0, 1)",
+        )
+        _need(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
+        _need(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
+        _need(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0")
+        _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
+        _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
+        _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
+
+
+@dataclass
+class WeightSyncConfig:
+    mode: str = F("dist", "Transport: dist (torch.distributed group) | disk (safetensors files).")
+    bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.")
+    timeout_s: float = F(60.0, "Timeout of every weight-sync collective.")
+    port: int = F(0, "TCPStore port hosted by learner rank 0; 0 = pick a free port.")
+
+    def check(self, p: str) -> None:
+        _choice(self.mode, ("dist", "disk"), f"{p}.mode")
+        _need(self.bucket_mb >= 1, f"{p}.bucket_mb", "must be >= 1")
+        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
+        _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")
+
+
+@dataclass
+class TrackingConfig:
+    aim: bool = F(True, "Write metrics to an Aim repo.")
+    aim_repo: str = F("", "Aim repo path or aim://host:port; empty = <run_dir>/aim.")
+    experiment: str = F("", "Aim experiment name; empty = the run name.")
+    log_every: int = F(1, "Print a status line every N learner steps.")
+
+    def check(self, p: str) -> None:
+        _need(self.log_every >= 1, f"{p}.log_every", "must be >= 1")
+
+
+@dataclass
+class LaunchConfig:
+    host: str = F("127.0.0.1", "Address the buffer binds to (non-loopback needs CurveZMQ keys).")
+    buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
+    curve_keys_dir: str = F("", "Directory made by `dapo-async keys`; enables CurveZMQ.")
+    insecure_allow_public_bind: bool = F(
+        False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
+    )
+    torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).")
+    allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
+    shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.")
+
+    def check(self, p: str) -> None:
+        _need(self.host != "", f"{p}.host", "must not be empty")
+        _need(self.torch_threads >= 1, f"{p}.torch_threads", "must be >= 1")
+        _need(self.shutdown_timeout_s > 0, f"{p}.shutdown_timeout_s", "must be > 0")
+
+
+@dataclass
+class RunConfig:
+    name: str = F("tiny-dapo", "Run name; also the default Aim experiment.")
+    seed: int = F(0, "Global seed (model init, sampling, shuffles).")
+    run_dir: str = F("", "Run directory; empty = runs/<name>.")
+    model: ModelConfig = S(ModelConfig, "The policy model.")
+    data: DataConfig = S(DataConfig, "Prompt data.")
+    generator: GeneratorConfig = S(GeneratorConfig, "Generators and their inference engine.")
+    reward: RewardConfig = S(RewardConfig, "Reward functions.")
+    buffer: BufferConfig = S(BufferConfig, "The replay buffer (data plane).")
+    algo: AlgoConfig = S(AlgoConfig, "The RL objective.")
+    learner: LearnerConfig = S(LearnerConfig, "The learner ranks and optimisation.")
+    weight_sync: WeightSyncConfig = S(WeightSyncConfig, "Learner → generator weight transfer.")
+    tracking: TrackingConfig = S(TrackingConfig, "Metrics and logging.")
+    launch: LaunchConfig = S(LaunchConfig, "Processes, addresses and security.")
+
+    def check(self) -> None:
+        _need(self.name != "", "name", "must not be empty")
+        for f in dataclasses.fields(self):
+            sub = getattr(self, f.name)
+            if dataclasses.is_dataclass(sub):
+                sub.check(f.name)
+        _need(
+            not self.reward.overlong_shaping
+            or self.reward.overlong_max_len <= self.generator.max_tokens,
+            "reward.overlong_max_len",
+            f"must be <= generator.max_tokens ({self.generator.max_tokens})",
+        )
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir or os.path.join("runs", self.name))
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The resolved annotation of field ``name`` of dataclass ``cls``."""
+    return typing.get_type_hints(cls)[name]
+
+
+def _section_type(root: type, dotted: str) -> type | None:
+    """The dataclass that holds the last component of ``dotted`` (None if the path is bad)."""
+    cls: Any = root
+    for part in dotted.split(".")[:-1]:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if part not in names or not dataclasses.is_dataclass(_field_type(cls, part)):
+            return None
+        cls = _field_type(cls, part)
+    return cls
+
+
+def _key_error(full_key: str) -> ConfigError:
+    """An unknown-key error with the nearest valid name."""
+    section = _section_type(RunConfig, full_key)
+    leaf = full_key.split(".")[-1]
+    if section is None:
+        return ConfigError(full_key, "unknown key")
+    names = [f.name for f in dataclasses.fields(section)]
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.5)
+    hint = f"; did you mean `{close[0]}`?" if close else f"; valid keys: {', '.join(names)}"
+    return ConfigError(full_key, f"unknown key{hint}")
+
+
+def _merge(base: Any, other: Any, what: str) -> Any:
+    try:
+        return OmegaConf.merge(base, other)
+    except ConfigKeyError as e:
+        raise _key_error(str(e.full_key)) from None
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or what)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(key, msg) from None
+
+
+def load_config(
+    path: str | os.PathLike | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Load YAML ``path`` (None = all defaults), apply ``key=value`` overrides and validate."""
+    cfg = OmegaConf.structured(RunConfig)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("config", f"file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"{p} must hold a mapping at the top level")
+        cfg = _merge(cfg, OmegaConf.create(data), str(p))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(item, "override must look like key.path=value")
+        key, _, _ = item.partition("=")
+        try:
+            dot = OmegaConf.from_dotlist([item])
+        except OmegaConfBaseException as e:
+            raise ConfigError(key, str(e).splitlines()[0]) from None
+        cfg = _merge(cfg, dot, key)
+    try:
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(getattr(e, "full_key", "config")), str(e).splitlines()[0]) from None
+    run.check()
+    return run
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Rebuild a validated config from ``to_dict`` output (e.g. sent to another process)."""
+    run: RunConfig = OmegaConf.to_object(_merge(OmegaConf.structured(RunConfig), data, "config"))  # type: ignore[assignment]
+    run.check()
+    return run
+
+
+def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
+    """Write the resolved config into ``run_dir`` atomically; returns its path."""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / RESOLVED_CONFIG_NAME
+    tmp = out.with_suffix(".yaml.tmp")
+    tmp.write_text(to_yaml(cfg))
+    os.replace(tmp, out)
+    return out
+
+
+def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted key, doc, default) for every leaf field, in declaration order."""
+    rows: list[tuple[str, str, Any]] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        sub = _field_type(cls, f.name)
+        if dataclasses.is_dataclass(sub):
+            rows.extend(field_docs(sub, key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((key, f.metadata.get("doc", ""), default))
+    return rows

@@ -1,0 +1,261 @@
+"""ZeroMQ socket helpers shared by every role: safe binds, CurveZMQ, timeouts, heartbeats.
+
+Owns: how sockets are created, bound, connected, secured and closed, and how protocol messages
+are sent and received on them. Rules enforced here:
+
+- servers bind to 127.0.0.1 by default; a non-loopback bind needs CurveZMQ keys (``dapo-async
+  keys``) or the explicit ``insecure_allow_public_bind`` opt-out, which is logged loudly;
+- every receive has a timeout; sockets have bounded queues (high-water marks), a message-size
+  limit on servers (ZeroMQ disconnects senders of larger messages) and ZMTP heartbeats so a dead
+  peer is noticed;
+- messages are ``protocol`` frames: msgpack header + raw arrays. Nothing is pickled.
+
+Call order of a server: ``bind_server`` → loop(``poll`` / ``recv_routed`` / ``send_routed``) →
+``close``. A client: ``connect_client`` → ``send`` / ``recv`` (with timeout) → ``close``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from dapo_async import protocol
+
+log = logging.getLogger(__name__)
+
+# Queue bound per peer: enough for a few seconds of groups; beyond it senders block (DEALER)
+# or the application's own flow control (leases) takes over.
+DEFAULT_HWM = 1000
+# On close, give queued replies (acks) this long to leave, so a clean shutdown loses none.
+DEFAULT_LINGER_MS = 500
+# ZMTP heartbeat: ping every 2 s, declare the peer dead after 10 s of silence.
+HEARTBEAT_IVL_MS = 2000
+HEARTBEAT_TIMEOUT_MS = 10000
+# Default receive timeout of request/reply helpers; callers pass their own for long waits.
+DEFAULT_RECV_TIMEOUT_S = 10.0
+
+SERVER_KEY = "server"
+CLIENT_KEY = "client"
+AUTHORIZED_DIR = "authorized_clients"
+
+
+class SecurityError(ValueError):
+    """A bind or connect would be unsafe, or keys are missing."""
+
+
+class RecvTimeout(TimeoutError):
+    """No message arrived within the timeout."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def generate_keys(out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Create a server and a client CurveZMQ key pair under ``out_dir``; the client's public key
+    is also placed in ``authorized_clients/``. Existing keys are kept (idempotent)."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    auth = d / AUTHORIZED_DIR
+    auth.mkdir(exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name in (SERVER_KEY, CLIENT_KEY):
+        public, secret = d / f"{name}.key", d / f"{name}.key_secret"
+        if not (public.exists() and secret.exists()):
+            public, secret = (Path(p) for p in zmq.auth.create_certificates(d, name))
+        os.chmod(secret, 0o600)
+        paths[name] = public
+        paths[f"{name}_secret"] = secret
+    client_copy = auth / f"{CLIENT_KEY}.key"
+    client_copy.write_bytes((d / f"{CLIENT_KEY}.key").read_bytes())
+    paths["authorized"] = auth
+    return paths
+
+
+def _load(keys_dir: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
+    path = keys_dir / (f"{name}.key_secret" if secret else f"{name}.key")
+    if not path.exists():
+        raise SecurityError(
+            f"CurveZMQ key file missing: {path} (create keys with `dapo-async keys`)"
+        )
+    public, sec = zmq.auth.load_certificate(path)
+    return public, sec
+
+
+@dataclass
+class Server:
+    """A bound server socket and, when CurveZMQ is on, its authenticator thread."""
+
+    socket: zmq.Socket
+    endpoint: str
+    authenticator: ThreadAuthenticator | None = None
+
+    def close(self) -> None:
+        self.socket.close(linger=DEFAULT_LINGER_MS)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
+
+
+def _common_options(sock: zmq.Socket) -> None:
+    sock.setsockopt(zmq.SNDHWM, DEFAULT_HWM)
+    sock.setsockopt(zmq.RCVHWM, DEFAULT_HWM)
+    sock.setsockopt(zmq.LINGER, DEFAULT_LINGER_MS)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+
+
+def bind_server(
+    ctx: zmq.Context,
+    sock_type: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    keys_dir: str | os.PathLike | None = None,
+    insecure_allow_public_bind: bool = False,
+    max_message_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
+) -> Server:
+    """Bind a server socket on tcp://host:port (port 0 = a free port).
+
+    Non-loopback hosts need ``keys_dir`` (CurveZMQ: only clients whose public key is in
+    ``keys_dir/authorized_clients`` may connect) unless ``insecure_allow_public_bind``.
+    """
+    if not is_loopback(host) and not keys_dir:
+        if not insecure_allow_public_bind:
+            raise SecurityError(
+                f"refusing to bind {host}: not a loopback address and no CurveZMQ keys. "
+                "Create keys with `dapo-async keys --out DIR` and set launch.curve_keys_dir, "
+                "or (unsafe) set launch.insecure_allow_public_bind=true"
+            )
+        log.warning(
+            "!!! INSECURE: binding %s without CurveZMQ; anyone who reaches this port can send "
+            "data to this run. Set launch.curve_keys_dir to fix. !!!",
+            host,
+        )
+    sock = ctx.socket(sock_type)
+    _common_options(sock)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    authenticator = None
+    if keys_dir:
+        kd = Path(keys_dir)
+        public, secret = _load(kd, SERVER_KEY, secret=True)
+        authorized = kd / AUTHORIZED_DIR
+        if not authorized.is_dir():
+            raise SecurityError(f"missing {authorized} (create keys with `dapo-async keys`)")
+        authenticator = ThreadAuthenticator(ctx)
+        authenticator.start()
+        authenticator.configure_curve(domain="*", location=str(authorized))
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True
+    addr = f"[{host}]" if ":" in host else host
+    try:
+        if port == 0:
+            port = sock.bind_to_random_port(f"tcp://{addr}")
+        else:
+            sock.bind(f"tcp://{addr}:{port}")
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        if authenticator is not None:
+            authenticator.stop()
+        raise
+    return Server(sock, f"tcp://{addr}:{port}", authenticator)
+
+
+def connect_client(
+    ctx: zmq.Context,
+    sock_type: int,
+    endpoint: str,
+    keys_dir: str | os.PathLike | None = None,
+    identity: bytes | None = None,
+) -> zmq.Socket:
+    """Connect a client socket; with ``keys_dir`` it authenticates with the client key pair and
+    verifies the server's public key."""
+    sock = ctx.socket(sock_type)
+    _common_options(sock)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if keys_dir:
+        kd = Path(keys_dir)
+        server_public, _ = _load(kd, SERVER_KEY, secret=False)
+        public, secret = _load(kd, CLIENT_KEY, secret=True)
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_serverkey = server_public
+    sock.connect(endpoint)
+    return sock
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def send(sock: zmq.Socket, msg: protocol.Message, flags: int = 0) -> None:
+    sock.send_multipart(protocol.encode(msg), flags=flags, copy=False)
+
+
+def send_routed(sock: zmq.Socket, identity: bytes, msg: protocol.Message) -> None:
+    """Send from a ROUTER to the peer ``identity`` (dropped by ZeroMQ if it is gone)."""
+    sock.send_multipart([identity, *protocol.encode(msg)], copy=False)
+
+
+def _wait(sock: zmq.Socket, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        return
+    if not sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+        raise RecvTimeout(f"no message within {timeout_s:.1f} s")
+
+
+def recv(
+    sock: zmq.Socket,
+    timeout_s: float | None = DEFAULT_RECV_TIMEOUT_S,
+    max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
+) -> protocol.Message:
+    """Receive and decode one message (RecvTimeout, or ProtocolError for a bad one)."""
+    _wait(sock, timeout_s)
+    frames = sock.recv_multipart(copy=False)
+    return protocol.decode(frames, max_bytes=max_bytes)
+
+
+def recv_routed(
+    sock: zmq.Socket,
+    timeout_s: float | None = DEFAULT_RECV_TIMEOUT_S,
+    max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[bytes, protocol.Message | protocol.ProtocolError]:
+    """Receive on a ROUTER: (peer identity, message or the ProtocolError it raised).
+
+    A bad message is returned, not raised, so a server loop counts it and carries on."""
+    _wait(sock, timeout_s)
+    frames = sock.recv_multipart(copy=False)
+    identity = frames[0].bytes
+    try:
+        return identity, protocol.decode(frames[1:], max_bytes=max_bytes)
+    except protocol.ProtocolError as e:
+        return identity, e
+
+
+def request(
+    sock: zmq.Socket, msg: protocol.Message, timeout_s: float = DEFAULT_RECV_TIMEOUT_S
+) -> protocol.Message:
+    """Send on a DEALER and wait for one reply."""
+    send(sock, msg)
+    return recv(sock, timeout_s)
+
+
+def context() -> zmq.Context:
+    """A fresh ZeroMQ context (one per process; not shared across fork)."""
+    return zmq.Context()

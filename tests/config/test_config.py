@@ -1,0 +1,153 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from dapo_async import config as C
+
+
+def test_default_yaml_loads_and_validates(repo):
+    cfg = C.load_config(repo / "configs" / "tiny_cpu.yaml")
+    assert cfg.algo.clip_low == 0.2 and cfg.algo.clip_high == 0.28
+    assert cfg.generator.engine == "hf"
+    assert cfg.launch.host == "127.0.0.1"
+
+
+def test_dotted_override_sets_value_and_type(repo):
+    cfg = C.load_config(
+        repo / "configs" / "tiny_cpu.yaml", ["algo.clip_high=0.3", "learner.num_steps=7"]
+    )
+    assert cfg.algo.clip_high == 0.3
+    assert cfg.learner.num_steps == 7 and isinstance(cfg.learner.num_steps, int)
+
+
+def test_unknown_key_names_path_and_suggests(repo):
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(repo / "configs" / "tiny_cpu.yaml", ["algo.clip_hihg=0.3"])
+    assert e.value.key == "algo.clip_hihg"
+    assert "clip_high" in str(e.value)
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("buffer:\n  max_stalenes: 2\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(p)
+    assert e.value.key == "buffer.max_stalenes" and "max_staleness" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("algo.clip_low=1.0", "algo.clip_low"),
+        ("algo.clip_low=1.5", "algo.clip_low"),
+        ("buffer.max_staleness=-1", "buffer.max_staleness"),
+        ("buffer.max_staleness=abc", "buffer.max_staleness"),
+        ("generator.engine=tensorrt", "generator.engine"),
+        ("generator.responses_per_prompt=1", "generator.responses_per_prompt"),
+        ("algo.loss_agg=sum", "algo.loss_agg"),
+        ("learner.lr=0", "learner.lr"),
+        ("reward.overlong_cache_len=100", "reward.overlong_cache_len"),
+        ("reward.overlong_max_len=100", "reward.overlong_max_len"),
+    ],
+)
+def test_bad_values_fail_fast_with_key(repo, override, key):
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(repo / "configs" / "tiny_cpu.yaml", [override])
+    assert e.value.key == key, str(e.value)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(C.ConfigError, match="not found"):
+        C.load_config(tmp_path / "nope.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text("algo: [1, 2\n")
+    with pytest.raises(C.ConfigError, match="YAML"):
+        C.load_config(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(C.ConfigError, match="mapping"):
+        C.load_config(p)
+
+
+def test_resolved_config_round_trips(tmp_path, repo):
+    cfg = C.load_config(repo / "configs" / "tiny_cpu.yaml", ["algo.clip_high=0.31"])
+    out = C.save_resolved(cfg, tmp_path / "run")
+    again = C.load_config(out)
+    assert again == cfg
+    assert yaml.safe_load(out.read_text())["algo"]["clip_high"] == 0.31
+    assert C.from_dict(C.to_dict(cfg)) == cfg
+
+
+def test_every_field_is_documented():
+    rows = C.field_docs()
+    assert len(rows) > 60
+    missing = [k for k, doc, _ in rows if not doc]
+    assert missing == []
+
+
+def test_config_module_does_not_import_torch():
+    code = "import sys, dapo_async.config, dapo_async.protocol; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_cli_config_show_and_typo(cli_env, repo):
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_async.cli",
+            "config",
+            "show",
+            "configs/tiny_cpu.yaml",
+            "algo.clip_high=0.3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert yaml.safe_load(ok.stdout)["algo"]["clip_high"] == 0.3
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_async.cli",
+            "config",
+            "show",
+            "configs/tiny_cpu.yaml",
+            "algo.clip_hihg=0.3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+    )
+    assert bad.returncode != 0
+    assert "algo.clip_hihg" in bad.stderr and "clip_high" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_cli_help_lists_subcommands(cli_env, repo):
+    out = subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+    )
+    assert out.returncode == 0
+    for name in (
+        "train",
+        "buffer",
+        "learner",
+        "generator",
+        "eval",
+        "bench",
+        "init-tiny",
+        "config",
+        "keys",
+    ):
+        assert name in out.stdout
