@@ -14,10 +14,6 @@ from collections.abc import Callable
 
 # Subcommands the design names that are not built yet, with the issue that builds them.
 PLANNED = {
-    "buffer": ("run the replay-buffer service", 6),
-    "learner": ("run learner ranks under torchrun", 8),
-    "generator": ("run one generator process", 5),
-    "reward-server": ("serve a reward model over ZeroMQ", 3),
     "tune": ("throughput-tuning sweeps", 9),
     "dashboard": ("start `aim up` on a run's repo", 9),
     "report": ("write PNG plots of a finished run", 9),
@@ -86,24 +82,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train on one machine (the tiny CPU default runs end to end)")
     _add_config_args(p)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in run_dir from its newest checkpoint",
+    )
+    p.add_argument("--json", action="store_true", help="end with one JSON summary line")
     p.set_defaults(func=_lazy("dapo_async.launch.train", "main"))
+
+    p = sub.add_parser("buffer", help="run the replay-buffer service (one per run)")
+    _add_config_args(p)
+    p.set_defaults(func=_lazy("dapo_async.buffer.main", "main"))
+
+    p = sub.add_parser("learner", help="run a learner rank (under torchrun for several ranks)")
+    _add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.set_defaults(func=_lazy("dapo_async.learner.main", "main"))
+
+    p = sub.add_parser("generator", help="run one generator process")
+    _add_config_args(p)
+    p.add_argument("--id", default="", help="generator id (default: random)")
+    p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
     p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model directory")
     p.add_argument("--model", required=True, help="HF causal-LM directory")
-    p.add_argument("--data", default="tiny:arith", help="tiny:<task> or a parquet/jsonl file")
+    p.add_argument("--data", default="tiny:chain", help="tiny:<task> or a parquet/jsonl file")
     p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k, pass@k)")
     p.add_argument("--num-prompts", type=int, default=256, help="prompts of a built-in task")
-    p.add_argument("--difficulty", type=int, default=2, help="built-in task difficulty")
+    p.add_argument("--difficulty", type=int, default=3, help="built-in task difficulty")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.set_defaults(func=_lazy("dapo_async.launch.eval_cmd", "main"))
 
     p = sub.add_parser("init-tiny", help="build (or reuse) the built-in tiny policy")
     p.add_argument("--out", default=".cache/tiny", help="model directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--task", default="arith", help="warm-start task: arith | chain")
+    p.add_argument("--task", default="chain", help="warm-start task: chain | arith")
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="warm-start steps (default: the built-in setting)",
+    )
     p.set_defaults(func=_lazy("dapo_async.tiny.build", "main"))
 
     p = sub.add_parser("reward", help="score a response read on stdin (verifier debugging)")
@@ -111,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fn", default="dapo_math", help="dapo_math | boxed | package.module:function")
     p.add_argument("--ground-truth", required=True)
     p.set_defaults(func=_lazy("dapo_async.reward.cli", "main"))
+
+    p = sub.add_parser(
+        "reward-server", help="serve an HF sequence-classification reward model over ZeroMQ"
+    )
+    p.add_argument("--model", required=True, help="HF sequence-classification model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = a free port (printed)")
+    p.add_argument("--keys", default="", help="CurveZMQ keys directory (`dapo-async keys`)")
+    p.add_argument("--insecure-allow-public-bind", action="store_true")
+    p.add_argument("--max-batch", type=int, default=64, help="texts per forward pass")
+    p.add_argument("--batch-wait-s", type=float, default=0.005, help="wait for more requests")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.set_defaults(func=_lazy("dapo_async.reward.server", "main"))
 
     p = sub.add_parser("config", help="show the resolved config, or the key reference")
     p.add_argument("action", choices=["show", "docs"])

@@ -484,6 +484,16 @@ class VersionAnnounce(Message):
 
 
 @dataclass
+class CheckpointNotice(Message):
+    """Learner rank 0 → buffer: a checkpoint after ``step`` is complete (buffer compacts its
+    log and frees that step's groups); ``checkpoint_id`` names it in both places."""
+
+    KIND: ClassVar[str] = "checkpoint_notice"
+    step: int
+    checkpoint_id: str
+
+
+@dataclass
 class Stats(Message):
     """Any role → any role: named scalar metrics."""
 
@@ -501,6 +511,25 @@ class Shutdown(Message):
     reason: str = ""
 
 
+@dataclass
+class RewardRequest(Message):
+    """Generator → reward server: score these texts (prompt + response, already formatted)."""
+
+    KIND: ClassVar[str] = "reward_request"
+    request_id: int
+    texts: list[str]
+
+
+@dataclass
+class RewardReply(Message):
+    """Reward server → generator: one score per text, or an error message."""
+
+    KIND: ClassVar[str] = "reward_reply"
+    request_id: int
+    scores: list[float]
+    error: str = ""
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
@@ -513,8 +542,11 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         BatchRequest,
         Batch,
         VersionAnnounce,
+        CheckpointNotice,
         Stats,
         Shutdown,
+        RewardRequest,
+        RewardReply,
     )
 }
 

@@ -27,3 +27,14 @@ def cli_env() -> dict:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The built-in tiny model with a short warm start (pipeline tests need a real HF
+    directory, not a trained policy)."""
+    from dapo_async.tiny.build import build
+
+    d = tmp_path_factory.mktemp("tiny") / "model"
+    build(d, seed=0, task="chain", sft_steps=20, log=lambda s: None)
+    return d

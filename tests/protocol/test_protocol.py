@@ -62,6 +62,9 @@ EXAMPLES = [
     P.VersionAnnounce(5, "ab12", "disk", "/tmp/w/v5"),
     P.Stats("buffer", "buffer", {"occupancy": 3.0, "dropped/stale": 1.0}),
     P.Shutdown("ctrl-c"),
+    P.CheckpointNotice(12, "ckpt-000012"),
+    P.RewardRequest(7, ["prompt one response", "prompt two response"]),
+    P.RewardReply(7, [0.25, -1.5]),
 ]
 
 

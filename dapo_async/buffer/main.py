@@ -1,0 +1,113 @@
+"""`dapo-async buffer CONFIG [overrides]`: run the replay-buffer service.
+
+Parses the config, loads and encodes the prompts (tokenizer of the policy, no torch), binds
+the ROUTER (launch.host / buffer.port; CurveZMQ with launch.curve_keys_dir), writes its endpoint
+to ``<run_dir>/endpoints/buffer`` and serves until SIGINT/SIGTERM or a Shutdown message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def model_dir(cfg) -> str:
+    return cfg.model.path or cfg.model.tiny_dir
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import load_config, save_resolved
+    from dapo_async.roles import StopFlag, setup_logging, write_endpoint
+
+    cfg = load_config(args.config, args.overrides)
+    log = setup_logging("buffer")
+    stop = StopFlag().install()
+
+    import zmq
+
+    from dapo_async import transport as T
+    from dapo_async.buffer.service import WAL_NAME, BufferService
+    from dapo_async.data.datasets import PromptEncoder, load_source
+    from dapo_async.tracking import Tracker
+
+    run_dir = cfg.resolved_run_dir
+    save_resolved(cfg, run_dir)
+    records = load_source(
+        cfg.data.source, "train", cfg.data.num_train, cfg.data.difficulty, cfg.seed
+    )
+    enc = PromptEncoder(model_dir(cfg))
+    tokens, kept = [], []
+    for r in records:
+        ids = enc.encode(r.messages)
+        if len(ids) <= cfg.data.max_prompt_len:
+            kept.append(r)
+            tokens.append(ids)
+    if not kept:
+        raise SystemExit(f"buffer: no prompt fits data.max_prompt_len={cfg.data.max_prompt_len}")
+    log.info("%d prompts (%d filtered as too long)", len(kept), len(records) - len(kept))
+    ctx = zmq.Context()
+    server = T.bind_server(
+        ctx,
+        zmq.ROUTER,
+        cfg.launch.host,
+        cfg.buffer.port,
+        keys_dir=cfg.launch.curve_keys_dir or None,
+        insecure_allow_public_bind=cfg.launch.insecure_allow_public_bind,
+    )
+    tracker = Tracker(
+        run_dir,
+        "buffer",
+        cfg.tracking.experiment or cfg.name,
+        cfg.name,
+        cfg.tracking.aim_repo,
+        cfg.tracking.aim,
+    )
+    t0 = time.monotonic()
+    svc = BufferService(
+        cfg,
+        kept,
+        tokens,
+        server,
+        wal_path=(run_dir / WAL_NAME) if cfg.buffer.wal else None,
+        on_stats=lambda s: tracker.track(s, int(time.monotonic() - t0)),
+    )
+    write_endpoint(run_dir, "buffer", server.endpoint)
+    log.info("serving on %s (wal=%s)", server.endpoint, cfg.buffer.wal)
+    try:
+        while not stop and not svc.stopped:
+            svc.run_once()
+    finally:
+        tracker.track(svc.stats(), int(time.monotonic() - t0))
+        _write_final(run_dir, svc)
+        svc.close()
+        server.close()
+        ctx.term()
+        tracker.close()
+    log.info("stopped (%s): %s", stop.reason or "shutdown", svc.state.counters.to_dict())
+    return 0
+
+
+def _write_final(run_dir, svc) -> None:
+    """Final counters for operators and tests (``buffer_final.json``)."""
+    import json
+    import os
+
+    st = svc.state
+    final = {
+        "counters": st.counters.to_dict(),
+        "ready": len(st.ready),
+        "stored": len(st.groups),
+        "version": st.version,
+        "malformed": svc.malformed,
+        "untrained_assigned": sum(
+            len(b.group_ids) for s, b in st.steps.items() if s not in st.counted_steps
+        ),
+    }
+    tmp = run_dir / ".buffer_final.json.tmp"
+    tmp.write_text(json.dumps(final, indent=2))
+    os.replace(tmp, run_dir / "buffer_final.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:])))

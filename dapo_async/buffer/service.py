@@ -1,0 +1,241 @@
+"""The buffer process: a ZeroMQ ROUTER serving generators and learner ranks from one loop.
+
+    generator ── hello / heartbeat / lease_request / scored_groups ──► ROUTER ──► BufferState
+    learner   ── batch_request / checkpoint_notice ───────────────────►   │
+              ◄── ack / lease_grant / batch ─────────────────────────────┘
+
+Each loop iteration: poll (POLL_MS) → handle every queued message (bad ones are counted by
+reason and dropped) → flush the write-ahead log → send the replies (so an ack never precedes
+the durable record) → every STATS_EVERY_S: expire silent generators' leases, publish stats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from dapo_async import protocol as P
+from dapo_async import transport as T
+from dapo_async.buffer import wal as W
+from dapo_async.buffer.state import BufferState
+from dapo_async.config import RunConfig
+from dapo_async.data.tasks import PromptRecord
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 50
+STATS_EVERY_S = 2.0
+# Ask an unlucky requester (no lease / batch not ready) to come back after this long.
+RETRY_WAIT_S = 0.05
+# Handle at most this many messages before flushing and replying (bounded reply latency).
+MAX_MESSAGES_PER_ITERATION = 256
+# A buffer without its write-ahead log keeps this name for the log file inside the run dir.
+WAL_NAME = "buffer.wal"
+
+
+class BufferService:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        records: list[PromptRecord],
+        prompt_tokens: list[list[int]],
+        server: T.Server,
+        wal_path: str | Path | None = None,
+        on_stats: Callable[[dict[str, float]], None] | None = None,
+    ):
+        self.cfg = cfg
+        self.records = records
+        self.prompt_tokens = prompt_tokens
+        self.server = server
+        self.state = BufferState(cfg.buffer, len(records), cfg.data.shuffle_seed, [])
+        self.on_stats = on_stats
+        self.malformed: dict[str, int] = {}
+        self.wal: W.WriteAheadLog | None = None
+        if wal_path is not None:
+            self._recover(Path(wal_path))
+            self.wal = W.WriteAheadLog(wal_path)
+        self._last_stats = time.monotonic()
+        self.stopped = False
+
+    # ------------------------------------------------------------------ durability
+
+    def _recover(self, path: Path) -> None:
+        records = W.read_records(path)
+        if not records:
+            return
+        groups, snap = [], None
+        events = 0
+        for kind, payload in records:
+            if kind == W.SNAPSHOT:
+                snap = json.loads(payload)
+            elif kind == W.GROUP:
+                groups.append(W.decode_group(payload)[0])
+            else:
+                if snap is not None or groups:
+                    self.state.restore(snap, groups)
+                    snap, groups = None, []
+                self._replay(*W.split_event(payload))
+                events += 1
+        if snap is not None:
+            self.state.restore(snap, groups)
+        log.info(
+            "recovered buffer state from %s: %d events, version %d, %d stored groups",
+            path,
+            events,
+            self.state.version,
+            len(self.state.groups),
+        )
+
+    def _replay(self, name: str, args, blob: bytes) -> None:
+        s = self.state
+        if name == "hello":
+            s.hello(args)
+        elif name == "grant":
+            s.grant(args[0], args[1])
+        elif name == "expire":
+            s.expire_ids(args)
+        elif name == "ingest":
+            group, names = W.decode_group(blob)
+            if not s.component_names and s.counters.accepted == 0:
+                s.component_names = list(names)
+            s.ingest(group)
+        elif name == "batch":
+            try:
+                s.batch(*args)
+            except ValueError:
+                pass  # it was answered with an error the first time too
+        elif name == "checkpoint":
+            s.mark_checkpoint(args)
+
+    def _log(self, name: str, args, blob: bytes = b"") -> None:
+        if self.wal is not None:
+            self.wal.event(name, args, blob)
+
+    # ------------------------------------------------------------------ handlers
+
+    def handle(self, msg: P.Message) -> P.Message | None:
+        s = self.state
+        if isinstance(msg, P.Hello):
+            s.hello(msg.generator_id)
+            self._log("hello", msg.generator_id)
+            return P.Ack([], [])
+        if isinstance(msg, P.Heartbeat):
+            s.heartbeat(msg.sender)
+            return None
+        if isinstance(msg, P.LeaseRequest):
+            if msg.generator_id not in s.generators:
+                return P.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
+            leases = s.grant(msg.generator_id, msg.num_prompts)
+            if leases:
+                self._log("grant", [msg.generator_id, msg.num_prompts])
+            recs = [self.records[ls.prompt_index] for ls in leases]
+            return P.LeaseGrant(
+                prompt_ids=[ls.lease_id for ls in leases],
+                prompts=[self.prompt_tokens[ls.prompt_index] for ls in leases],
+                ground_truths=[r.ground_truth for r in recs],
+                data_sources=[r.data_source for r in recs],
+                version=s.version,
+                wait_s=0.0 if leases else RETRY_WAIT_S,
+            )
+        if isinstance(msg, P.ScoredGroups):
+            names = msg.batch.component_names
+            if names != s.component_names:
+                if s.counters.accepted == 0 and not s.groups:
+                    s.component_names = list(names)  # the first generator sets the schema
+                else:
+                    self.malformed["component_names"] = self.malformed.get(
+                        "component_names", 0
+                    ) + len(msg.batch)
+                    return P.Ack(
+                        msg.batch.group_ids(), ["rejected:component_names"] * len(msg.batch)
+                    )
+            statuses = []
+            for i in range(len(msg.batch)):
+                g = msg.batch.group(i)
+                status = s.ingest(g)
+                if status == "stored" or status.startswith("rejected"):
+                    self._log("ingest", None, W.encode_group(g, msg.batch.component_names))
+                statuses.append(status)
+            return P.Ack(msg.batch.group_ids(), statuses)
+        if isinstance(msg, P.BatchRequest):
+            try:
+                res = s.batch(msg.step, msg.rank, msg.world_size)
+            except ValueError as e:
+                log.warning("bad batch request %s: %s", msg, e)
+                self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
+                return P.Batch(msg.step, msg.rank, False, wait_s=1.0)
+            self._log("batch", [msg.step, msg.rank, msg.world_size])
+            if res is None:
+                return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S)
+            batch, tokens, num_groups = res
+            return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, batch)
+        if isinstance(msg, P.CheckpointNotice):
+            s.mark_checkpoint(msg.step)
+            self._log("checkpoint", msg.step)
+            self.compact()
+            return P.Ack([], [])
+        if isinstance(msg, P.Shutdown):
+            self.stopped = True
+            return None
+        return None
+
+    def compact(self) -> None:
+        if self.wal is None:
+            return
+        blobs = [W.encode_group(g, self.state.component_names) for g in self.state.groups.values()]
+        self.wal.compact(self.state.snapshot(), blobs)
+
+    # ------------------------------------------------------------------ loop
+
+    def run_once(self) -> int:
+        """Handle the messages queued now; returns how many were handled."""
+        sock = self.server.socket
+        if not sock.poll(POLL_MS):
+            self._periodic()
+            return 0
+        replies: list[tuple[bytes, P.Message]] = []
+        n = 0
+        while n < MAX_MESSAGES_PER_ITERATION and sock.poll(0):
+            ident, msg = T.recv_routed(sock, timeout_s=None)
+            n += 1
+            if isinstance(msg, P.ProtocolError):
+                self.malformed[msg.reason] = self.malformed.get(msg.reason, 0) + 1
+                continue
+            reply = self.handle(msg)
+            if reply is not None:
+                replies.append((ident, reply))
+        if self.wal is not None:
+            self.wal.flush()
+        for ident, reply in replies:
+            try:
+                T.send_routed(sock, ident, reply)
+            except zmq.ZMQError as e:  # peer gone: it will resend
+                log.debug("reply to a departed peer dropped: %s", e)
+        self._periodic()
+        return n
+
+    def _periodic(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats < STATS_EVERY_S:
+            return
+        self._last_stats = now
+        lost = self.state.expire_leases(now)
+        if lost:
+            self._log("expire", [ls.lease_id for ls in lost])
+            log.warning("re-issuing %d prompts of silent generators", len(lost))
+        if self.on_stats is not None:
+            self.on_stats(self.stats())
+
+    def stats(self) -> dict[str, float]:
+        out = self.state.stats()
+        out.update({f"buffer/malformed_{k}": float(v) for k, v in self.malformed.items()})
+        return out
+
+    def close(self) -> None:
+        if self.wal is not None:
+            self.wal.close()

@@ -1,0 +1,390 @@
+"""The replay buffer's state machine: leases, admission, ingest, filters, staleness, batches.
+
+Pure logic (no sockets, no torch), driven by ``service.py`` and tested directly.
+
+Life of a prompt and its group:
+
+    lease(gen)  ──►  outstanding lease  ──►  ingest(group)  ──►  dedupe / validate
+                                                                   │
+                           dynamic sampling: zero variance ──► dropped("filtered")
+                                                                   │
+                                                          qualified (ready queue)
+                                                                   │
+    batch(step s, rank r) ── first request of step s assembles it: stale groups ──► dropped("stale")
+                                                                   │
+                                                  assigned to step s (shards by tokens)
+                                                                   │
+                          request for step s+1 ──► step s trained; freed at the next checkpoint
+
+Admission (invariant 2): new leases are granted only while
+``qualified_total + outstanding ≤ (v + 1 + max_staleness) × groups_per_step``, with
+v = the learner's version (the highest step requested), so no group can be more than
+``max_staleness`` versions old when it is trained; consumption re-checks the bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dapo_async.algo.filters import dynamic_sampling_keep
+from dapo_async.config import BufferConfig
+from dapo_async.data.cursor import PromptCursor
+from dapo_async.protocol import Group, GroupBatch, GroupId
+
+# Group ids remembered after training, to ack late resends as duplicates (bounded memory).
+MAX_REMEMBERED_IDS = 1_000_000
+# Ids kept in a snapshot: generators resend only unacknowledged groups, a few outboxes' worth.
+SNAPSHOT_SEEN_IDS = 100_000
+
+
+@dataclass
+class Lease:
+    lease_id: int
+    prompt_index: int
+    generator_id: str
+    granted_at: float
+
+
+@dataclass
+class StepBatch:
+    step: int
+    group_ids: list[GroupId]
+    shards: list[list[int]]  # per rank: indices into group_ids
+    global_num_tokens: int
+
+
+@dataclass
+class Counters:
+    produced: int = 0  # groups received (first time)
+    accepted: int = 0
+    qualified: int = 0
+    trained: int = 0
+    leased: int = 0
+    lease_reissued: int = 0
+    dropped: Counter = field(default_factory=Counter)  # reason -> count
+    rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
+
+    def to_dict(self) -> dict:
+        return {
+            "produced": self.produced,
+            "accepted": self.accepted,
+            "qualified": self.qualified,
+            "trained": self.trained,
+            "leased": self.leased,
+            "lease_reissued": self.lease_reissued,
+            "dropped": dict(self.dropped),
+            "rejected": dict(self.rejected),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Counters:
+        c = cls(
+            **{
+                k: d[k]
+                for k in (
+                    "produced",
+                    "accepted",
+                    "qualified",
+                    "trained",
+                    "leased",
+                    "lease_reissued",
+                )
+            }
+        )
+        c.dropped.update(d["dropped"])
+        c.rejected.update(d["rejected"])
+        return c
+
+
+class BufferState:
+    def __init__(self, cfg: BufferConfig, num_prompts: int, seed: int = 0, component_names=()):
+        self.cfg = cfg
+        self.cursor = PromptCursor(num_prompts, seed)
+        self.component_names = list(component_names)
+        self.version = 0  # learner version = highest step requested
+        self.next_lease_id = 0
+        self.leases: dict[int, Lease] = {}
+        self.generators: dict[str, float] = {}  # id -> last seen
+        self.groups: dict[GroupId, Group] = {}  # stored: qualified, not yet freed
+        self.ready: deque[GroupId] = deque()  # qualified, not assigned
+        self.steps: OrderedDict[int, StepBatch] = OrderedDict()
+        self.counted_steps: set[int] = set()  # steps whose groups count as trained
+        self.rank_steps: dict[int, int] = {}  # learner rank -> last step it asked for
+        self.checkpointed_step = -1
+        self.seen: OrderedDict[GroupId, None] = OrderedDict()
+        self.counters = Counters()
+        self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
+
+    # ------------------------------------------------------------------ leases
+
+    @property
+    def capacity(self) -> int:
+        return (self.version + 1 + self.cfg.max_staleness) * self.cfg.groups_per_step
+
+    def admissible(self) -> int:
+        """How many more prompts may be leased now (admission rule and memory bound)."""
+        by_staleness = self.capacity - self.counters.qualified - len(self.leases)
+        by_memory = self.cfg.max_buffered_groups - len(self.groups) - len(self.leases)
+        return max(0, min(by_staleness, by_memory))
+
+    def grant(self, generator_id: str, num: int, now: float | None = None) -> list[Lease]:
+        now = time.monotonic() if now is None else now
+        self.generators[generator_id] = now
+        out = []
+        for _ in range(min(num, self.admissible())):
+            lease = Lease(self.next_lease_id, self.cursor.next(), generator_id, now)
+            self.next_lease_id += 1
+            self.leases[lease.lease_id] = lease
+            out.append(lease)
+        self.counters.leased += len(out)
+        return out
+
+    def hello(self, generator_id: str, now: float | None = None) -> None:
+        self.generators[generator_id] = time.monotonic() if now is None else now
+
+    def heartbeat(self, generator_id: str, now: float | None = None) -> None:
+        self.generators[generator_id] = time.monotonic() if now is None else now
+
+    def expire_leases(self, now: float | None = None) -> list[Lease]:
+        """Re-issue the prompts of generators silent for lease_timeout_s."""
+        now = time.monotonic() if now is None else now
+        dead = {g for g, t in self.generators.items() if now - t > self.cfg.lease_timeout_s}
+        lost = [ls for ls in self.leases.values() if ls.generator_id in dead]
+        for ls in lost:
+            del self.leases[ls.lease_id]
+            self.cursor.requeue(ls.prompt_index)
+        self.counters.lease_reissued += len(lost)
+        return lost
+
+    # ------------------------------------------------------------------ ingest
+
+    def ingest(self, group: Group) -> str:
+        """Store one validated group; returns the ack status."""
+        gid = group.group_id
+        if group.generator_id not in self.generators:
+            self.counters.rejected["unknown_generator"] += 1
+            return "retry:hello"  # the generator re-introduces itself and resends
+        if gid in self.seen:
+            self.counters.rejected["duplicate"] += 1
+            return "duplicate"
+        if group.components.shape[1] != len(self.component_names):
+            self.counters.rejected["component_names"] += 1
+            self._remember(gid)
+            return "rejected:component_names"
+        lease = self.leases.pop(group.prompt_id, None)
+        if lease is None:
+            self.counters.rejected["unknown_lease"] += 1
+            self._remember(gid)
+            return "rejected:unknown_lease"
+        self._remember(gid)
+        self.counters.produced += 1
+        self.counters.accepted += 1
+        self.generators[group.generator_id] = time.monotonic()
+        metric = group.acc if self.cfg.filter_metric == "acc" else group.rewards
+        if self.cfg.dynamic_sampling:
+            keep = dynamic_sampling_keep(
+                metric,
+                np.array([group.num_responses]),
+                group.acc,
+                self.cfg.min_group_acc,
+                self.cfg.max_group_acc,
+            )[0]
+            if not keep:
+                self.counters.dropped["filtered"] += 1
+                return "stored"
+        self.groups[gid] = group
+        self.ready.append(gid)
+        self.counters.qualified += 1
+        return "stored"
+
+    def _remember(self, gid: GroupId) -> None:
+        self.seen[gid] = None
+        if len(self.seen) > MAX_REMEMBERED_IDS:
+            self.seen.popitem(last=False)
+
+    # ------------------------------------------------------------------ batches
+
+    def advance(self, step: int, rank: int = 0, world_size: int = 1) -> None:
+        """Rank ``rank`` asks for ``step``: steps before the slowest rank's are trained. A rank
+        asking for an earlier step than it asked before resumed from a checkpoint: re-base."""
+        last = self.rank_steps.get(rank)
+        if last is not None and step < last:
+            self._rollback(step)
+            self.rank_steps = {}
+        self.rank_steps[rank] = step
+        self.version = max(self.rank_steps.values())
+        if len(self.rank_steps) >= world_size:
+            self._count_trained(min(self.rank_steps.values()))
+
+    def _count_trained(self, upto: int) -> None:
+        for s, sb in self.steps.items():
+            if s < upto and s not in self.counted_steps:
+                self.counted_steps.add(s)
+                self.counters.trained += len(sb.group_ids)
+
+    def _rollback(self, step: int) -> None:
+        for s in sorted(self.counted_steps):
+            if s >= step and s in self.steps:
+                self.counted_steps.discard(s)
+                self.counters.trained -= len(self.steps[s].group_ids)
+        # groups made by weights newer than the resumed version no longer exist as a policy
+        keep = deque()
+        for gid in self.ready:
+            g = self.groups[gid]
+            if g.num_tokens and int(g.versions.max()) > step:
+                del self.groups[gid]
+                self.counters.dropped["rolled_back"] += 1
+            else:
+                keep.append(gid)
+        self.ready = keep
+
+    def batch(self, step: int, rank: int, world_size: int) -> tuple[GroupBatch, int, int] | None:
+        """This rank's shard of ``step``: (groups, global tokens, global groups); None while
+        not enough qualified groups exist. Asking again returns the same shard."""
+        if step < self.checkpointed_step + 1:
+            raise ValueError(
+                f"step {step} was already checkpointed (next is {self.checkpointed_step + 1})"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in world of {world_size}")
+        self.advance(step, rank, world_size)
+        sb = self.steps.get(step)
+        if sb is None:
+            sb = self._assemble(step, world_size)
+            if sb is None:
+                return None
+        if len(sb.shards) != world_size:
+            raise ValueError(
+                f"step {step} was assembled for {len(sb.shards)} ranks, not {world_size}"
+            )
+        ids = [sb.group_ids[i] for i in sb.shards[rank]]
+        groups = [self.groups[g] for g in ids]
+        return (
+            GroupBatch.from_groups(groups, self.component_names),
+            sb.global_num_tokens,
+            len(sb.group_ids),
+        )
+
+    def _assemble(self, step: int, world_size: int) -> StepBatch | None:
+        need = self.cfg.groups_per_step
+        if need < world_size:
+            raise ValueError(
+                f"buffer.groups_per_step ({need}) must be >= the number of learner ranks ({world_size})"
+            )
+        min_version = step - self.cfg.max_staleness
+        fresh: list[GroupId] = []
+        while self.ready and len(fresh) < need:
+            gid = self.ready.popleft()
+            g = self.groups[gid]
+            if g.num_tokens and int(g.versions.min()) < min_version:
+                del self.groups[gid]
+                self.counters.dropped["stale"] += 1
+                continue
+            fresh.append(gid)
+        if len(fresh) < need:
+            self.ready.extendleft(reversed(fresh))
+            return None
+        tokens = [self.groups[g].num_tokens for g in fresh]
+        for g in fresh:
+            vals, counts = np.unique(step - self.groups[g].versions, return_counts=True)
+            for v, c in zip(vals.tolist(), counts.tolist()):
+                self.staleness_hist[int(v)] += int(c)
+        sb = StepBatch(step, fresh, balance_shards(tokens, world_size), int(sum(tokens)))
+        self.steps[step] = sb
+        return sb
+
+    def mark_checkpoint(self, step: int) -> None:
+        """The learner checkpointed after finishing ``step``: groups of steps <= step are freed."""
+        self._count_trained(step + 1)
+        self.version = max(self.version, step + 1)
+        self.checkpointed_step = max(self.checkpointed_step, step)
+        for s in [s for s in self.steps if s <= step]:
+            for g in self.steps.pop(s).group_ids:
+                self.groups.pop(g, None)
+
+    # ------------------------------------------------------------------ persistence
+
+    def snapshot(self) -> dict:
+        """JSON-able state except the stored groups (those go next to it)."""
+        return {
+            "cursor": self.cursor.state(),
+            "version": self.version,
+            "next_lease_id": self.next_lease_id,
+            "leases": [
+                [ls.lease_id, ls.prompt_index, ls.generator_id] for ls in self.leases.values()
+            ],
+            "generators": sorted(self.generators),
+            "ready": [list(g) for g in self.ready],
+            "steps": [
+                [sb.step, [list(g) for g in sb.group_ids], sb.shards, sb.global_num_tokens]
+                for sb in self.steps.values()
+            ],
+            "counted_steps": sorted(self.counted_steps),
+            "rank_steps": {str(k): v for k, v in self.rank_steps.items()},
+            "checkpointed_step": self.checkpointed_step,
+            "seen": [list(g) for g in list(self.seen)[-SNAPSHOT_SEEN_IDS:]],
+            "counters": self.counters.to_dict(),
+            "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
+            "component_names": self.component_names,
+        }
+
+    def restore(self, snap: dict, groups: list[Group]) -> None:
+        now = time.monotonic()
+        self.cursor = PromptCursor.from_state(snap["cursor"])
+        self.version = snap["version"]
+        self.next_lease_id = snap["next_lease_id"]
+        self.leases = {lid: Lease(lid, idx, gen, now) for lid, idx, gen in snap["leases"]}
+        self.generators = {g: now for g in snap["generators"]}
+        self.groups = {g.group_id: g for g in groups}
+        self.ready = deque(tuple(g) for g in snap["ready"])
+        self.steps = OrderedDict(
+            (s, StepBatch(s, [tuple(g) for g in ids], shards, tok))
+            for s, ids, shards, tok in snap["steps"]
+        )
+        self.counted_steps = set(snap["counted_steps"])
+        self.rank_steps = {int(k): v for k, v in snap["rank_steps"].items()}
+        self.checkpointed_step = snap["checkpointed_step"]
+        self.seen = OrderedDict((tuple(g), None) for g in snap["seen"])
+        self.counters = Counters.from_dict(snap["counters"])
+        self.staleness_hist = Counter({int(k): v for k, v in snap["staleness_hist"].items()})
+        self.component_names = snap["component_names"]
+
+    def expire_ids(self, lease_ids: list[int]) -> None:
+        """Replay of ``expire_leases``: drop exactly these leases."""
+        for lid in lease_ids:
+            ls = self.leases.pop(lid, None)
+            if ls is not None:
+                self.cursor.requeue(ls.prompt_index)
+                self.counters.lease_reissued += 1
+
+    def stats(self) -> dict[str, float]:
+        c = self.counters
+        out = {
+            "buffer/version": float(self.version),
+            "buffer/occupancy": float(len(self.groups)),
+            "buffer/ready": float(len(self.ready)),
+            "buffer/outstanding_leases": float(len(self.leases)),
+            "buffer/produced": float(c.produced),
+            "buffer/qualified": float(c.qualified),
+            "buffer/trained": float(c.trained),
+            "buffer/leased": float(c.leased),
+        }
+        out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
+        out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
+        return out
+
+
+def balance_shards(tokens: list[int], world_size: int) -> list[list[int]]:
+    """Assign items to ranks, largest first to the lightest rank; every rank gets at least one
+    item when there are enough; each shard keeps the items' original order."""
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in sorted(range(len(tokens)), key=lambda i: -tokens[i]):
+        r = min(range(world_size), key=lambda r: (len(shards[r]) > 0, load[r]))
+        shards[r].append(i)
+        load[r] += tokens[i]
+    return [sorted(s) for s in shards]

@@ -1,0 +1,140 @@
+"""Prompt datasets: DAPO-Math-17K-schema parquet and JSONL files, and the built-in tasks.
+
+Schema (one row per prompt): ``data_source`` (str), ``prompt`` (list of {role, content}),
+``ability`` (str), ``reward_model`` ({ground_truth, style}), ``extra_info`` ({index, ...}).
+Eval files may repeat each prompt k times (avg@k); ``group_repeats`` folds them.
+
+``PromptEncoder`` applies the tokenizer's chat template and tokenizes with the ``tokenizers``
+library and jinja2 only (the buffer never imports torch, and transformers would).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dapo_async.data.tasks import PromptRecord, generate, parse_source
+
+
+class DataError(ValueError):
+    """A data file is missing, unreadable, or a row does not follow the schema."""
+
+
+def _row_to_record(row: dict[str, Any], i: int, where: str) -> PromptRecord:
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in prompt)
+    ):
+        raise DataError(f"{where} row {i}: 'prompt' must be a list of {{role, content}} messages")
+    rm = row.get("reward_model") or {}
+    truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+    if truth is None:
+        raise DataError(f"{where} row {i}: missing reward_model.ground_truth")
+    extra = row.get("extra_info") or {}
+    return PromptRecord(
+        prompt_id=i,
+        messages=[{"role": str(m.get("role", "user")), "content": m["content"]} for m in prompt],
+        ground_truth=str(truth),
+        data_source=str(row.get("data_source", "")),
+        extra=dict(extra) if isinstance(extra, dict) else {},
+    )
+
+
+def load_file(path: str | Path) -> list[PromptRecord]:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}")
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(p).to_pylist()
+        except Exception as e:
+            raise DataError(f"cannot read parquet {p}: {e}") from None
+    elif p.suffix in (".jsonl", ".json"):
+        rows = []
+        for n, line in enumerate(p.read_text().splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{p} line {n + 1}: not JSON ({e})") from None
+    else:
+        raise DataError(f"unsupported data file {p}: use .parquet or .jsonl")
+    return [_row_to_record(r, i, str(p)) for i, r in enumerate(rows)]
+
+
+def load_source(
+    source: str, split: str, num: int, difficulty: int, seed: int
+) -> list[PromptRecord]:
+    """Records of ``tiny:<task>`` (generated) or of a parquet/JSONL file."""
+    family = parse_source(source)
+    if family is not None:
+        return generate(family, split, num, difficulty, seed)
+    return load_file(source)
+
+
+def group_repeats(records: list[PromptRecord]) -> list[tuple[PromptRecord, int]]:
+    """Fold identical (prompt, ground truth) rows: (record, repeat count), first-seen order."""
+    seen: dict[tuple, int] = {}
+    out: list[list] = []
+    for r in records:
+        key = (json.dumps(r.messages, sort_keys=True), r.ground_truth)
+        if key in seen:
+            out[seen[key]][1] += 1
+        else:
+            seen[key] = len(out)
+            out.append([r, 1])
+    return [(r, k) for r, k in out]
+
+
+class PromptEncoder:
+    """Chat template + tokenization from an HF tokenizer directory, without transformers."""
+
+    def __init__(self, tokenizer_dir: str | Path):
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from tokenizers import Tokenizer
+
+        d = Path(tokenizer_dir)
+        tj = d / "tokenizer.json"
+        if not tj.is_file():
+            raise DataError(f"{d} has no tokenizer.json (a fast HF tokenizer is required)")
+        self.tokenizer = Tokenizer.from_file(str(tj))
+        cfg = (
+            json.loads((d / "tokenizer_config.json").read_text())
+            if (d / "tokenizer_config.json").is_file()
+            else {}
+        )
+        template = cfg.get("chat_template")
+        if (d / "chat_template.jinja").is_file():
+            template = (d / "chat_template.jinja").read_text()
+        if not isinstance(template, str):
+            raise DataError(f"{d}: the tokenizer has no (single) chat template")
+
+        def tok_str(key: str) -> str | None:
+            v = cfg.get(key)
+            return v.get("content") if isinstance(v, dict) else v
+
+        self.special = {k: tok_str(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+        def raise_exception(msg: str):
+            raise DataError(f"chat template error: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False)
+        self.template = env.from_string(template)
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,122 @@
+"""Built-in synthetic verifiable tasks (no downloads). Answers use DAPO's "Answer: X" format.
+
+Families (``data.source = tiny:<family>``):
+
+- ``arith``: ``a+b=`` / ``a-b=`` with ``difficulty`` digits per operand; a good response is
+  ``Answer: <result>``.
+- ``chain``: ``difficulty`` steps of one-digit + and - whose running value stays in 0..9; a good
+  response works left to right, ``3+4=7;7-2=5;Answer: 5``: longer answers, and the length is
+  controlled by difficulty.
+
+Prompts are generated from a seed; a fixed hash partition of the prompt text decides the split
+(``in_eval_split``), so held-out prompts follow the training distribution and are never trained on.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass, field
+
+TASK_FAMILIES = ("arith", "chain")
+DATA_SOURCE_PREFIX = "tiny:"
+# Seed offsets of the two splits: disjoint random streams from one user seed.
+TRAIN_STREAM, EVAL_STREAM = 1_000_003, 2_000_029
+# One prompt in EVAL_MOD (by CRC32 of its text) belongs to the held-out split.
+EVAL_MOD = 8
+
+
+@dataclass
+class PromptRecord:
+    """One prompt in the DAPO-Math schema, as every data source yields it."""
+
+    prompt_id: int
+    messages: list[dict[str, str]]
+    ground_truth: str
+    data_source: str
+    extra: dict = field(default_factory=dict)
+
+
+def _arith(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
+    hi = 10**difficulty - 1
+    a, b = rng.randint(0, hi), rng.randint(0, hi)
+    op = rng.choice("+-")
+    result = a + b if op == "+" else a - b
+    return f"{a}{op}{b}=", str(result), f"Answer: {result}"
+
+
+def _chain(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
+    # A random walk that stays in 0..9: every step is a one-digit fact, so the task is
+    # learnable by a tiny model, while the number of steps (difficulty) sets the length.
+    acc = rng.randint(0, 9)
+    prompt, steps = str(acc), []
+    for _ in range(difficulty):
+        op = rng.choice("+-")
+        if op == "+" and acc == 9:
+            op = "-"
+        elif op == "-" and acc == 0:
+            op = "+"
+        n = rng.randint(1, 9 - acc) if op == "+" else rng.randint(1, acc)
+        new = acc + n if op == "+" else acc - n
+        prompt += f"{op}{n}"
+        steps.append(f"{acc}{op}{n}={new}")
+        acc = new
+    return prompt + "=", str(acc), ";".join(steps) + f";Answer: {acc}"
+
+
+_GENERATORS = {"arith": _arith, "chain": _chain}
+
+
+def make_example(family: str, rng: random.Random, difficulty: int) -> tuple[str, str, str]:
+    """(prompt text, ground truth, a correct response)."""
+    if family not in _GENERATORS:
+        raise ValueError(f"unknown task family {family!r}; choose one of {TASK_FAMILIES}")
+    return _GENERATORS[family](rng, difficulty)
+
+
+def in_eval_split(prompt: str) -> bool:
+    """A fixed hash partition of the prompt space: 1 prompt in EVAL_MOD is held out. Both splits
+    follow the same distribution, and no held-out prompt is ever trained on."""
+    return zlib.crc32(prompt.encode()) % EVAL_MOD == 0
+
+
+def generate(
+    family: str, split: str, num: int, difficulty: int, seed: int = 0
+) -> list[PromptRecord]:
+    """``num`` prompts of one split (train prompts may repeat; held-out prompts are distinct
+    while the split has enough of them)."""
+    if split not in ("train", "eval"):
+        raise ValueError("split must be 'train' or 'eval'")
+    stream = TRAIN_STREAM if split == "train" else EVAL_STREAM
+    rng = random.Random(seed * 7919 + stream + 31 * difficulty + 1009 * TASK_FAMILIES.index(family))
+    want_eval = split == "eval"
+    out: list[PromptRecord] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(out) < num and attempts < 200 * num + 10_000:
+        attempts += 1
+        prompt, truth, _ = make_example(family, rng, difficulty)
+        if in_eval_split(prompt) != want_eval or (want_eval and prompt in seen):
+            continue
+        seen.add(prompt)
+        out.append(
+            PromptRecord(
+                prompt_id=len(out),
+                messages=[{"role": "user", "content": prompt}],
+                ground_truth=truth,
+                data_source=f"{DATA_SOURCE_PREFIX}{family}",
+            )
+        )
+    return out
+
+
+def parse_source(source: str) -> str | None:
+    """The task family of a ``tiny:<family>`` source, or None for a file path."""
+    if not source.startswith(DATA_SOURCE_PREFIX):
+        return None
+    family = source[len(DATA_SOURCE_PREFIX) :]
+    if family not in TASK_FAMILIES:
+        raise ValueError(
+            f"unknown built-in task {source!r}; choose tiny:{' or tiny:'.join(TASK_FAMILIES)}"
+        )
+    return family

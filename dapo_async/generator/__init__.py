@@ -1,0 +1,1 @@
+"""Generator role: inference engines and the loop that streams scored groups to the buffer."""

@@ -1,0 +1,243 @@
+"""The generator loop: lease prompts → sample G responses each → score → send groups → acks.
+
+    ┌─► take new weights (if a new version is ready)
+    │   lease prompts from the buffer ── none granted? wait (servicing acks), retry
+    │   engine.generate(prompts, n=G) ── every token tagged with the engine's version
+    │   score each response (reward pool: isolated workers with timeouts)
+    │   outbox[group id] = group ; send ScoredGroups
+    └── pump replies: acks remove from the outbox; unacked groups are resent after RESEND_S
+
+A group leaves the outbox only when the buffer acknowledged it (stored, duplicate or rejected
+with a reason), so a buffer restart loses nothing the generator produced. ``retry:hello`` (the
+buffer does not know us) re-sends Hello and keeps the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+
+from dapo_async import protocol as P
+from dapo_async import transport as T
+from dapo_async.generator.engine import SamplingParams
+from dapo_async.generator.rollout import make_group
+
+log = logging.getLogger(__name__)
+
+# Resend an unacknowledged group after this long (the buffer may have restarted).
+RESEND_S = 5.0
+# A lease request unanswered this long is sent again.
+LEASE_TIMEOUT_S = 5.0
+# On shutdown, wait this long for the last acks.
+FLUSH_TIMEOUT_S = 5.0
+# Longest single wait while the buffer grants nothing (keeps Ctrl-C and weights responsive).
+MAX_IDLE_WAIT_S = 0.5
+
+
+class GeneratorLoop:
+    def __init__(
+        self,
+        generator_id: str,
+        engine,
+        score_fn: Callable[[list[tuple[str, str, int]]], list],
+        sock: zmq.Socket,
+        params: SamplingParams,
+        prompts_per_batch: int,
+        heartbeat_s: float = 2.0,
+        poll_weights: Callable[[], None] | None = None,
+        on_metrics: Callable[[dict[str, float]], None] | None = None,
+        engine_name: str = "hf",
+    ):
+        self.id = generator_id
+        self.engine = engine
+        self.score_fn = score_fn
+        self.sock = sock
+        self.params = params
+        self.prompts_per_batch = prompts_per_batch
+        self.heartbeat_s = heartbeat_s
+        self.poll_weights = poll_weights
+        self.on_metrics = on_metrics
+        self.engine_name = engine_name
+        self.seq = 0
+        self.outbox: OrderedDict[P.GroupId, tuple[P.Group, float]] = OrderedDict()
+        self._grant: P.LeaseGrant | None = None
+        self._hello_acked = False
+        self._last_heartbeat = 0.0
+        self.counters = {
+            "groups_sent": 0,
+            "groups_acked": 0,
+            "resent": 0,
+            "tokens": 0,
+            "batches": 0,
+        }
+        self.time_generating = 0.0
+        self.time_idle = 0.0
+        self._t_start = time.monotonic()
+
+    # ------------------------------------------------------------------ socket
+
+    def _send(self, msg: P.Message) -> None:
+        try:
+            T.send(self.sock, msg, flags=zmq.NOBLOCK)
+        except zmq.Again:  # queue full (buffer away): the outbox resends later
+            log.debug("send queue full; %s dropped for now", msg.KIND)
+
+    def pump(self, timeout_s: float = 0.0) -> None:
+        """Handle replies that arrive within ``timeout_s`` (then whatever is queued)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            if not self.sock.poll(int(left * 1000)):
+                return
+            try:
+                msg = T.recv(self.sock, timeout_s=None)
+            except P.ProtocolError as e:
+                log.warning("bad message from buffer: %s", e)
+                continue
+            if isinstance(msg, P.Ack):
+                self._on_ack(msg)
+            elif isinstance(msg, P.LeaseGrant):
+                self._grant = msg
+            if time.monotonic() >= deadline and not self.sock.poll(0):
+                return
+
+    def _on_ack(self, ack: P.Ack) -> None:
+        if not ack.group_ids:
+            self._hello_acked = True
+            return
+        rehello = False
+        for gid, status in zip(ack.group_ids, ack.statuses):
+            if status == "retry:hello":
+                rehello = True
+                continue
+            if self.outbox.pop(tuple(gid), None) is not None:
+                self.counters["groups_acked"] += 1
+                if status.startswith("rejected"):
+                    log.warning("group %s rejected by the buffer: %s", gid, status)
+        if rehello:
+            self._hello_acked = False
+            self.hello()
+
+    def hello(self) -> None:
+        import os
+
+        self._send(P.Hello(self.id, os.getpid(), self.engine_name))
+
+    def heartbeat(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_heartbeat >= self.heartbeat_s:
+            self._send(P.Heartbeat(self.id, self.engine.version, len(self.outbox)))
+            self._last_heartbeat = now
+
+    def resend(self) -> None:
+        now = time.monotonic()
+        due = [g for g, t in self.outbox.values() if now - t >= RESEND_S]
+        if not due:
+            return
+        for g in due:
+            self.outbox[g.group_id] = (g, now)
+        self._send(P.ScoredGroups(batch=P.GroupBatch.from_groups(due, ["correct", "overlong"])))
+        self.counters["resent"] += len(due)
+
+    def lease(self, stop) -> P.LeaseGrant | None:
+        """Ask for prompts; returns the grant (possibly empty) or None on timeout/stop."""
+        self._grant = None
+        self._send(P.LeaseRequest(self.id, self.prompts_per_batch))
+        deadline = time.monotonic() + LEASE_TIMEOUT_S
+        while self._grant is None and time.monotonic() < deadline and not stop:
+            self.pump(0.05)
+        return self._grant
+
+    # ------------------------------------------------------------------ main loop
+
+    def step(self, stop) -> bool:
+        """One lease → generate → send round; False if nothing was generated."""
+        if self.poll_weights is not None:
+            self.poll_weights()
+        if not self._hello_acked:
+            self.hello()
+            self.pump(0.5)
+            if not self._hello_acked:
+                return False
+        self.heartbeat()
+        self.resend()
+        t_wait = time.monotonic()
+        grant = self.lease(stop)
+        if grant is None or not grant.prompt_ids:
+            wait = min(grant.wait_s if grant else 0.1, MAX_IDLE_WAIT_S)
+            self.pump(wait)
+            self.time_idle += time.monotonic() - t_wait
+            return False
+        self.time_idle += time.monotonic() - t_wait
+        t0 = time.monotonic()
+        version = self.engine.version
+        outs = self.engine.generate(grant.prompts, self.params)
+        t_gen = time.monotonic() - t0
+        items = [
+            (c.text, gt, len(c.tokens))
+            for comps, gt in zip(outs, grant.ground_truths)
+            for c in comps
+        ]
+        scored = self.score_fn(items)
+        self.time_generating += time.monotonic() - t0
+        groups, k = [], 0
+        for lease_id, prompt, comps in zip(grant.prompt_ids, grant.prompts, outs):
+            sc = scored[k : k + len(comps)]
+            k += len(comps)
+            groups.append(
+                make_group(
+                    self.id, self.seq, lease_id, prompt, comps, sc, version, t_gen / len(outs)
+                )
+            )
+            self.seq += 1
+        now = time.monotonic()
+        for g in groups:
+            self.outbox[g.group_id] = (g, now)
+        self._send(P.ScoredGroups(batch=P.GroupBatch.from_groups(groups, ["correct", "overlong"])))
+        self.counters["groups_sent"] += len(groups)
+        self.counters["batches"] += 1
+        n_tok = sum(g.num_tokens for g in groups)
+        self.counters["tokens"] += n_tok
+        self.pump(0.0)
+        if self.on_metrics is not None:
+            rewards = np.concatenate([g.rewards for g in groups])
+            acc = np.concatenate([g.acc for g in groups])
+            lens = np.concatenate([g.response_lens for g in groups])
+            elapsed = time.monotonic() - self._t_start
+            self.on_metrics(
+                {
+                    "generator/tokens_per_s": n_tok / max(t_gen, 1e-9),
+                    "generator/reward_mean": float(rewards.mean()),
+                    "generator/accuracy": float(acc.mean()),
+                    "generator/response_len_mean": float(lens.mean()),
+                    "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
+                    "generator/outbox": float(len(self.outbox)),
+                    "generator/version": float(version),
+                    "generator/groups_sent": float(self.counters["groups_sent"]),
+                }
+            )
+        return True
+
+    def run(self, stop) -> dict:
+        self.hello()
+        while not stop:
+            self.step(stop)
+        self.flush()
+        return self.counters
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Before exit: wait briefly for the acks of what is still in the outbox."""
+        deadline = time.monotonic() + timeout_s
+        if self.outbox:
+            for g, _ in list(self.outbox.values()):
+                self.outbox[g.group_id] = (g, 0.0)
+            self.resend()
+        while self.outbox and time.monotonic() < deadline:
+            self.pump(0.1)
+        if self.outbox:
+            log.warning("exiting with %d unacknowledged groups", len(self.outbox))

@@ -1,0 +1,2 @@
+"""Launch and operate: `dapo-async train` (all roles on one machine), per-role entry helpers,
+evaluation, dashboards and reports."""

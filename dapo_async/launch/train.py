@@ -1,0 +1,283 @@
+"""`dapo-async train CONFIG [overrides]`: every role on one machine, supervised.
+
+    launcher ─┬─ buffer           (1 process)
+              ├─ learner          (1 process, or torchrun with learner.num_ranks ranks)
+              └─ generator × N    (restarted if they die and launch.allow_generator_restarts)
+
+Order: resolve config and run directory → build the tiny model if needed → start the buffer
+(its endpoint file appears) → learner → generators → supervise (status line every second) →
+when the learner finishes: SIGTERM to the rest, SIGKILL after launch.shutdown_timeout_s → summary.
+Each child leads its own process group, so stopping a role stops everything it started.
+A role that dies (other than a restartable generator) ends the run with its log tail and exit 1;
+Ctrl-C stops everything and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+# Supervision tick; also the status line period.
+TICK_S = 1.0
+# Lines of a failed role's log shown to the user.
+LOG_TAIL_LINES = 30
+# Give up if the learner is silent (no metrics) for this long after starting.
+STARTUP_TIMEOUT_S = 600.0
+
+
+class Role:
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict):
+        self.name = name
+        self.cmd = cmd
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group (also children that outlived the leader)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def tail(self, n: int = LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dapo_async.cli", *args]
+
+
+def _new_run_dir(cfg) -> Path:
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def stop_all(roles: list[Role], timeout_s: float) -> None:
+    for r in roles:
+        r.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(r.poll() is None for r in roles):
+        time.sleep(0.1)
+    for r in roles:
+        r.kill_group()
+        if r.proc is not None:
+            try:
+                r.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
+    from dapo_async.tracking import read_metrics
+
+    rows = [r for r in read_metrics(run_dir, "learner") if "rollout/reward_mean" in r]
+    if not rows:
+        return f"[train {time.monotonic() - t0:5.0f}s] waiting for the first step…"
+    m = rows[-1]
+    return (
+        f"[train {time.monotonic() - t0:5.0f}s] step {int(m['step'])}/{num_steps} "
+        f"reward {m['rollout/reward_mean']:+.3f} acc {m['rollout/accuracy']:.3f} "
+        f"len {m['rollout/response_len_mean']:.1f} stale {m['staleness/mean']:.2f} "
+        f"samples/s {m.get('learner/samples_per_s', 0):.1f} learner-idle {m.get('learner/idle_ratio', 0):.2f}"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import load_config, save_resolved
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = _new_run_dir(cfg)
+    cfg = replace(cfg, run_dir=str(run_dir))
+    if not cfg.model.path:
+        from dapo_async.tiny.build import build
+
+        print(f"[train] built-in tiny policy in {cfg.model.tiny_dir}", file=sys.stderr)
+        build(cfg.model.tiny_dir, seed=cfg.seed, log=lambda s: print(s, file=sys.stderr))
+    (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
+    for stale in (run_dir / "endpoints").iterdir():
+        stale.unlink()
+    cfg_path = save_resolved(cfg, run_dir)
+    logs = run_dir / "logs"
+    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.launch.torch_threads), PYTHONUNBUFFERED="1")
+    print(
+        f"[train] run directory {run_dir}  (logs in {logs}, metrics in {run_dir / 'metrics'})",
+        file=sys.stderr,
+    )
+
+    buffer = Role("buffer", _cli("buffer", str(cfg_path)), logs / "buffer.log", env)
+    if cfg.learner.num_ranks > 1:
+        from dapo_async.weight_sync.dist import _free_port
+
+        learner_cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={cfg.learner.num_ranks}",
+            f"--master_port={_free_port('127.0.0.1')}",
+            "-m",
+            "dapo_async.cli",
+            "learner",
+            str(cfg_path),
+        ]
+    else:
+        learner_cmd = _cli("learner", str(cfg_path))
+    if args.resume:
+        learner_cmd.append("--resume")
+    learner = Role("learner", learner_cmd, logs / "learner.log", env)
+    gens = [
+        Role(
+            f"gen{i}",
+            _cli("generator", str(cfg_path), "--id", f"gen{i}"),
+            logs / f"gen{i}.log",
+            env,
+        )
+        for i in range(cfg.generator.num_generators)
+    ]
+    roles = [buffer, learner, *gens]
+    interrupted = []
+
+    def on_signal(signum, frame):
+        interrupted.append(signum)
+
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    t0 = time.monotonic()
+    rc = 0
+    try:
+        buffer.start()
+        while not (run_dir / "endpoints" / "buffer").exists():
+            if buffer.poll() is not None:
+                raise RuntimeError(
+                    f"buffer exited with {buffer.poll()} before serving:\n{buffer.tail()}"
+                )
+            if interrupted:
+                raise KeyboardInterrupt
+            time.sleep(0.1)
+        learner.start()
+        if cfg.weight_sync.mode == "dist":
+            while not (run_dir / "endpoints" / "wsync").exists():
+                if learner.poll() is not None:
+                    raise RuntimeError(
+                        f"learner exited with {learner.poll()} before serving weights:\n{learner.tail()}"
+                    )
+                if interrupted:
+                    raise KeyboardInterrupt
+                time.sleep(0.1)
+        for g in gens:
+            g.start()
+        last_status = 0.0
+        while True:
+            if interrupted:
+                raise KeyboardInterrupt
+            code = learner.poll()
+            if code is not None:
+                if code != 0:
+                    raise RuntimeError(f"learner exited with {code}:\n{learner.tail()}")
+                break
+            if buffer.poll() is not None:
+                raise RuntimeError(f"buffer exited with {buffer.poll()}:\n{buffer.tail()}")
+            for g in gens:
+                if g.poll() is not None:
+                    if not cfg.launch.allow_generator_restarts:
+                        raise RuntimeError(f"{g.name} exited with {g.poll()}:\n{g.tail()}")
+                    g.restarts += 1
+                    print(
+                        f"[train] {g.name} exited with {g.poll()}; restarting (restart {g.restarts})",
+                        file=sys.stderr,
+                    )
+                    g.start()
+            if time.monotonic() - last_status >= TICK_S:
+                last_status = time.monotonic()
+                line = status_line(run_dir, t0, cfg.learner.num_steps)
+                if sys.stderr.isatty():
+                    print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
+                elif int(last_status - t0) % 10 == 0:
+                    print(line, file=sys.stderr, flush=True)
+            time.sleep(0.2)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\n[train] interrupted: stopping all roles…", file=sys.stderr)
+        rc = 130
+    except RuntimeError as e:
+        print(f"\n[train] error: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        stop_all(roles, cfg.launch.shutdown_timeout_s)
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    if rc == 0:
+        summary = summarize(run_dir, time.monotonic() - t0, gens)
+        print(json.dumps(summary) if args.json else format_summary(summary))
+    return rc
+
+
+def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
+    def load(name: str) -> dict:
+        p = run_dir / name
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    before, after, learner = (
+        load("eval_before.json"),
+        load("eval_after.json"),
+        load("learner_summary.json"),
+    )
+    return {
+        "run_dir": str(run_dir),
+        "seconds": round(seconds, 1),
+        "steps": learner.get("steps"),
+        "learner_idle_ratio": learner.get("idle_ratio"),
+        "heldout_accuracy_before": before.get("eval/accuracy"),
+        "heldout_accuracy_after": after.get("eval/accuracy"),
+        "generator_restarts": sum(g.restarts for g in gens),
+    }
+
+
+def format_summary(s: dict) -> str:
+    def f(x):
+        return "n/a" if x is None else f"{x:.3f}"
+
+    return (
+        f"\n=== dapo-async train: done in {s['seconds']:.0f}s, {s['steps']} steps ===\n"
+        f"held-out accuracy: {f(s['heldout_accuracy_before'])} before → {f(s['heldout_accuracy_after'])} after\n"
+        f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}\n"
+        f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/, aim/)"
+    )

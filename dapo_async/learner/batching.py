@@ -1,0 +1,153 @@
+"""Turn scored groups into padded training tensors and token-balanced micro-batches.
+
+One row per response: ``[prompt tokens | response tokens]`` right-padded to the longest row of
+its micro-batch. Log-probs are needed for response positions only: for row i the response
+token j sits at position ``prompt_len_i + j`` and is predicted from position ``prompt_len_i + j − 1``.
+
+Advantages are computed per group (``algo.advantages``) before splitting, so they do not
+depend on the split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dapo_async.algo.advantages import group_advantages, group_index_from_sizes
+from dapo_async.protocol import FINISH_LENGTH, Group
+
+
+@dataclass
+class Rows:
+    """All responses of a step's shard, unpadded (numpy), with their advantages."""
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    behav_logprobs: list[np.ndarray]
+    versions: list[np.ndarray]
+    adv: np.ndarray  # float32 [N]
+    rewards: np.ndarray  # float32 [N]
+    acc: np.ndarray  # float32 [N]
+    truncated: np.ndarray  # bool [N]
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(len(r) for r in self.responses))
+
+
+@dataclass
+class MicroBatch:
+    input_ids_BL: torch.Tensor  # long [B, L]
+    attention_BL: torch.Tensor  # long [B, L]
+    resp_start_B: torch.Tensor  # long [B]: index of the first response token
+    resp_len_B: torch.Tensor  # long [B]
+    behav_logp_BT: torch.Tensor  # float [B, T] (T = max response length)
+    adv_BT: torch.Tensor  # float [B, T]
+    mask_BT: torch.Tensor  # float [B, T]
+    versions_BT: torch.Tensor  # long [B, T]
+    rows: np.ndarray  # indices into Rows
+    prox_logp_BT: torch.Tensor | None = None
+
+
+def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6) -> Rows:
+    prompts, responses, logps, versions = [], [], [], []
+    rewards, acc, truncated, sizes = [], [], [], []
+    for g in groups:
+        off = 0
+        sizes.append(g.num_responses)
+        for i, n in enumerate(g.response_lens.tolist()):
+            prompts.append(np.asarray(g.prompt_tokens))
+            responses.append(np.asarray(g.tokens[off : off + n]))
+            logps.append(np.asarray(g.logprobs[off : off + n]))
+            versions.append(np.asarray(g.versions[off : off + n]))
+            off += n
+            rewards.append(float(g.rewards[i]))
+            acc.append(float(g.acc[i]))
+            truncated.append(int(g.finish[i]) == FINISH_LENGTH)
+    r = torch.tensor(rewards, dtype=torch.float64)
+    adv = (
+        group_advantages(r, group_index_from_sizes(sizes), norm_std=norm_std, eps=eps)
+        if rewards
+        else r
+    )
+    return Rows(
+        prompts,
+        responses,
+        logps,
+        versions,
+        adv.numpy().astype(np.float32),
+        np.asarray(rewards, np.float32),
+        np.asarray(acc, np.float32),
+        np.asarray(truncated, bool),
+    )
+
+
+def split_by_tokens(rows: Rows, max_tokens: int, num_parts: int = 1) -> list[np.ndarray]:
+    """Indices of rows for micro-batches of at most ``max_tokens`` padded tokens (at least one
+    row each), after splitting rows into ``num_parts`` contiguous mini-batches."""
+    out: list[np.ndarray] = []
+    for part in np.array_split(np.arange(len(rows)), num_parts):
+        cur: list[int] = []
+        width = 0
+        for i in part.tolist():
+            w = max(width, len(rows.prompts[i]) + len(rows.responses[i]))
+            if cur and w * (len(cur) + 1) > max_tokens:
+                out.append(np.asarray(cur))
+                cur, w = [], len(rows.prompts[i]) + len(rows.responses[i])
+            cur.append(i)
+            width = w
+        if cur:
+            out.append(np.asarray(cur))
+    return out
+
+
+def collate(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool = False) -> MicroBatch:
+    b = len(idx)
+    lens = [len(rows.prompts[i]) + len(rows.responses[i]) for i in idx]
+    L = max(lens)
+    T = max(max(len(rows.responses[i]) for i in idx), 1)
+    ids = torch.full((b, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, L), dtype=torch.long)
+    behav = torch.zeros((b, T))
+    adv = torch.zeros((b, T))
+    mask = torch.zeros((b, T))
+    vers = torch.zeros((b, T), dtype=torch.long)
+    start = torch.zeros(b, dtype=torch.long)
+    rlen = torch.zeros(b, dtype=torch.long)
+    for k, i in enumerate(idx.tolist()):
+        p, r = rows.prompts[i], rows.responses[i]
+        n = len(r)
+        ids[k, : len(p)] = torch.from_numpy(p.astype(np.int64))
+        ids[k, len(p) : len(p) + n] = torch.from_numpy(r.astype(np.int64))
+        attn[k, : len(p) + n] = 1
+        start[k], rlen[k] = len(p), n
+        behav[k, :n] = torch.from_numpy(rows.behav_logprobs[i].astype(np.float32))
+        vers[k, :n] = torch.from_numpy(rows.versions[i].astype(np.int64))
+        keep = 0.0 if (overlong_filter and rows.truncated[i]) else 1.0
+        mask[k, :n] = keep
+        adv[k, :n] = float(rows.adv[i])
+    return MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx)
+
+
+def response_logprobs(
+    logits_BLV: torch.Tensor, mb: MicroBatch, temperature: float = 1.0
+) -> torch.Tensor:
+    """log π(response token) as [B, T] (zeros past each response's end)."""
+    b, t = mb.mask_BT.shape
+    pos_BT = mb.resp_start_B[:, None] - 1 + torch.arange(t)[None, :]
+    pos_BT = pos_BT.clamp(max=logits_BLV.shape[1] - 1)
+    tok_pos_BT = (pos_BT + 1).clamp(max=mb.input_ids_BL.shape[1] - 1)
+    logits_BTV = logits_BLV.gather(1, pos_BT[..., None].expand(b, t, logits_BLV.shape[-1]))
+    if temperature != 1.0:
+        logits_BTV = logits_BTV / temperature
+    targets_BT = mb.input_ids_BL.gather(1, tok_pos_BT)
+    logp_BT = (
+        torch.log_softmax(logits_BTV.float(), -1).gather(-1, targets_BT[..., None]).squeeze(-1)
+    )
+    valid_BT = torch.arange(t)[None, :] < mb.resp_len_B[:, None]
+    return torch.where(valid_BT, logp_BT, torch.zeros_like(logp_BT))

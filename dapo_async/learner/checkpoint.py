@@ -1,0 +1,95 @@
+"""Learner checkpoints: an HF model directory (safetensors + tokenizer, loadable by transformers
+and vLLM as is) plus ``trainer.pt`` (optimizer, scheduler, policy version, RNG states) and
+``meta.json`` (step, version, the buffer checkpoint id).
+
+Written into ``step-XXXXXXXX.tmp`` and renamed when complete, so a crash mid-write leaves no
+half checkpoint; ``latest`` returns the newest complete one; the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+META = "meta.json"
+TRAINER_STATE = "trainer.pt"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
+
+
+def rng_state() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def save(
+    root: str | Path,
+    step: int,
+    model,
+    tokenizer_dir: str | Path,
+    trainer_state: dict,
+    keep: int = 2,
+    extra: dict | None = None,
+) -> Path:
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f"step-{step:08d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        src = Path(tokenizer_dir) / name
+        if src.is_file():
+            shutil.copy2(src, tmp / name)
+    torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+    meta = {
+        "step": step,
+        "version": trainer_state["version"],
+        "checkpoint_id": final.name,
+        **(extra or {}),
+    }
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in complete(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete(root: str | Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        p
+        for p in root.glob("step-*")
+        if p.is_dir() and not p.name.endswith(".tmp") and (p / META).is_file()
+    )
+
+
+def latest(root: str | Path) -> Path | None:
+    done = complete(root)
+    return done[-1] if done else None
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    return torch.load(ckpt / TRAINER_STATE, weights_only=False)

@@ -1,0 +1,250 @@
+"""`dapo-async learner CONFIG [overrides] [--resume]`: one learner rank (run it under torchrun
+for several ranks; RANK / WORLD_SIZE come from the environment).
+
+Per step s: request this rank's shard of step s from the buffer (waiting counts as idle) →
+``Trainer.step`` (proximal recompute, K mini-batch updates) → rank 0 publishes version s+1 to
+the generators → metrics → checkpoint on schedule (then the buffer is told, so it compacts
+its log and frees the step's groups). Rank 0 evaluates on held-out prompts before the first and
+after the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# Ask the buffer again after this long when it does not answer (it may be restarting).
+BATCH_REQUEST_TIMEOUT_S = 10.0
+
+
+def _dist_env() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def fetch_batch(sock, step: int, rank: int, world: int, stop, log):
+    """Block until the buffer serves this rank's shard of ``step`` (None on stop)."""
+    from dapo_async import protocol as P
+    from dapo_async import transport as T
+
+    while not stop:
+        T.send(sock, P.BatchRequest(rank, world, step))
+        deadline = time.monotonic() + BATCH_REQUEST_TIMEOUT_S
+        reply = None
+        while time.monotonic() < deadline and not stop:
+            try:
+                msg = T.recv(sock, timeout_s=0.2)
+            except T.RecvTimeout:
+                continue
+            except P.ProtocolError as e:
+                log.warning("bad message from buffer: %s", e)
+                continue
+            if isinstance(msg, P.Batch) and msg.step == step:
+                reply = msg
+                break
+        if reply is None:
+            log.warning("buffer did not answer the request for step %d; asking again", step)
+            continue
+        if reply.ready:
+            return reply
+        time.sleep(reply.wait_s)
+    return None
+
+
+def evaluate(model, tokenizer, cfg, records) -> dict[str, float]:
+    """Held-out accuracy of the current weights (same code path as `dapo-async eval`)."""
+    from dapo_async.launch.evaluation import evaluate_records
+
+    return evaluate_records(model, tokenizer, cfg, records)
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import load_config
+    from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
+
+    cfg = load_config(args.config, args.overrides)
+    rank, world = _dist_env()
+    log = setup_logging(f"learner{rank}")
+    stop = StopFlag().install()
+    set_threads(cfg.launch.torch_threads)
+
+    import torch
+    import zmq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_async import protocol as P
+    from dapo_async import transport as T
+    from dapo_async.buffer.main import model_dir
+    from dapo_async.data.datasets import load_source
+    from dapo_async.learner import checkpoint as C
+    from dapo_async.learner.trainer import Trainer
+    from dapo_async.tracking import Tracker
+    from dapo_async.weight_sync.factory import make_publisher
+
+    run_dir = cfg.resolved_run_dir
+    torch.manual_seed(cfg.seed + rank)
+    if world > 1:
+        import torch.distributed as dist
+
+        backend = (
+            cfg.learner.backend
+            if cfg.learner.backend != "auto"
+            else ("nccl" if torch.cuda.is_available() else "gloo")
+        )
+        dist.init_process_group(backend)
+    src_dir = model_dir(cfg)
+    ckpt_root = run_dir / "checkpoints"
+    resume_from = C.latest(ckpt_root) if args.resume else None
+    load_dir = str(resume_from) if resume_from else src_dir
+    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=getattr(torch, cfg.model.dtype))
+    tokenizer = AutoTokenizer.from_pretrained(src_dir)
+    ddp = None
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model)
+    trainer = Trainer(model, cfg, tokenizer.pad_token_id, world_size=world, ddp_model=ddp)
+    start = 0
+    if resume_from is not None:
+        state = C.load_trainer_state(resume_from)
+        trainer.load_state_dict(state)
+        C.set_rng_state(state["rng"])
+        start = trainer.version
+        log.info("resumed from %s at version %d", resume_from, start)
+
+    endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
+    ctx = zmq.Context()
+    sock = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None)
+    tracker = publisher = None
+    eval_records = []
+    if rank == 0:
+        tracker = Tracker(
+            run_dir,
+            "learner",
+            cfg.tracking.experiment or cfg.name,
+            cfg.name,
+            cfg.tracking.aim_repo,
+            cfg.tracking.aim,
+        )
+        publisher = make_publisher(cfg, run_dir)
+        eval_records = load_source(
+            cfg.data.eval_source or cfg.data.source,
+            "eval",
+            cfg.data.num_eval,
+            cfg.data.difficulty,
+            cfg.seed,
+        )
+        if start == 0:
+            ev = evaluate(model, tokenizer, cfg, eval_records)
+            tracker.track(ev, 0)
+            log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
+            _write_json(run_dir / "eval_before.json", ev)
+    t_start = time.monotonic()
+    idle = 0.0
+    samples_done = 0
+    step = start
+    try:
+        for step in range(start, cfg.learner.num_steps):
+            t0 = time.monotonic()
+            reply = fetch_batch(sock, step, rank, world, stop, log)
+            if reply is None:
+                break
+            t_data = time.monotonic() - t0
+            idle += t_data
+            metrics = trainer.step(list(reply.batch))
+            t_sync = time.monotonic()
+            if publisher is not None:
+                publisher.publish(model.state_dict(), trainer.version)
+            metrics["time/weight_sync_s"] = time.monotonic() - t_sync
+            metrics["time/wait_data_s"] = t_data
+            metrics["time/step_s"] = time.monotonic() - t0
+            elapsed = time.monotonic() - t_start
+            metrics["learner/idle_ratio"] = idle / max(elapsed, 1e-9)
+            samples_done += _samples(reply)
+            metrics["learner/samples_per_s"] = samples_done / max(elapsed, 1e-9)
+            metrics["learner/version"] = float(trainer.version)
+            metrics["learner/tokens_trained"] = float(reply.global_num_tokens)
+            last = step + 1 == cfg.learner.num_steps
+            every = cfg.learner.checkpoint_every
+            if (every and (step + 1) % every == 0) or last:
+                path = (
+                    C.save(
+                        ckpt_root,
+                        step + 1,
+                        model,
+                        src_dir,
+                        trainer.state_dict(),
+                        cfg.learner.keep_checkpoints,
+                    )
+                    if rank == 0
+                    else None
+                )
+                if world > 1:
+                    import torch.distributed as dist
+
+                    dist.barrier()
+                if rank == 0:
+                    T.send(sock, P.CheckpointNotice(step, path.name))
+            if rank == 0:
+                ev_every = cfg.learner.eval_every
+                if ev_every and (step + 1) % ev_every == 0 and not last:
+                    metrics.update(evaluate(model, tokenizer, cfg, eval_records))
+                tracker.track(metrics, trainer.version)
+                if (step + 1) % cfg.tracking.log_every == 0:
+                    log.info(
+                        "step %d/%d reward %.3f acc %.3f len %.1f loss %.4f stale %.2f idle %.2f",
+                        step + 1,
+                        cfg.learner.num_steps,
+                        metrics["rollout/reward_mean"],
+                        metrics["rollout/accuracy"],
+                        metrics["rollout/response_len_mean"],
+                        metrics.get("train/loss", 0.0),
+                        metrics["staleness/mean"],
+                        metrics["learner/idle_ratio"],
+                    )
+        else:
+            step = cfg.learner.num_steps
+        if rank == 0 and not stop:
+            ev = evaluate(model, tokenizer, cfg, eval_records)
+            tracker.track(ev, trainer.version)
+            log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
+            _write_json(run_dir / "eval_after.json", ev)
+            _write_json(
+                run_dir / "learner_summary.json",
+                {
+                    "steps": trainer.version,
+                    "seconds": time.monotonic() - t_start,
+                    "idle_seconds": idle,
+                    "idle_ratio": idle / max(time.monotonic() - t_start, 1e-9),
+                },
+            )
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+        if tracker is not None:
+            tracker.close()
+        if publisher is not None:
+            publisher.close()
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    log.info("learner stopped at version %d (%s)", trainer.version, stop.reason or "done")
+    return 130 if stop else 0
+
+
+def _samples(reply) -> int:
+    return sum(g.num_responses for g in reply.batch)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:], resume=False)))

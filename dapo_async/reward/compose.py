@@ -1,0 +1,92 @@
+"""The reward of one response: correctness from a verifier plus DAPO's soft overlong punishment.
+
+``RewardComposer.score`` returns the total reward, the accuracy and the named components
+(``correct``, ``overlong``) so each is reported on its own. Verifiers are looked up by name:
+``dapo_math`` | ``boxed`` | ``code`` (sandboxed execution) | ``package.module:function`` (a custom function with the same
+signature ``fn(response, ground_truth) -> {"score", "acc", ...}`` or returning a float).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dapo_async.algo.overlong import overlong_penalty
+from dapo_async.config import RewardConfig
+from dapo_async.reward.verifiers import BUILTIN
+
+COMPONENT_NAMES = ("correct", "overlong")
+
+
+class RewardError(ValueError):
+    """A reward function is missing, or returned something unusable."""
+
+
+def resolve(name: str) -> Callable[[str, str], dict]:
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if name == "code":
+        from dapo_async.reward.sandbox import code_exec
+
+        return code_exec
+    if ":" not in name:
+        raise RewardError(
+            f"unknown reward function {name!r}: use {sorted(BUILTIN)} or 'package.module:function'"
+        )
+    mod_name, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise RewardError(f"cannot import reward function {name!r}: {e}") from None
+    if not callable(fn):
+        raise RewardError(f"reward function {name!r} is not callable")
+    return fn
+
+
+def normalize_result(out) -> dict:
+    """Accept a dict with 'score' (and optional 'acc') or a bare number; check finiteness."""
+    if isinstance(out, dict):
+        score = out.get("score")
+        acc = out.get("acc", 1.0 if isinstance(score, (int, float)) and score > 0 else 0.0)
+        res = dict(out)
+    else:
+        score, acc, res = out, (1.0 if isinstance(out, (int, float)) and out > 0 else 0.0), {}
+    if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+        raise RewardError(f"reward function returned a non-finite or non-numeric score: {score!r}")
+    res["score"], res["acc"] = float(score), float(acc)
+    return res
+
+
+@dataclass
+class Scored:
+    reward: float
+    acc: float
+    components: tuple[float, float]
+    pred: str | None = None
+    tag: str = ""
+
+
+class RewardComposer:
+    def __init__(self, cfg: RewardConfig):
+        self.cfg = cfg
+        self.fn = resolve(cfg.fn)
+
+    def shaping(self, num_tokens: int) -> float:
+        if not self.cfg.overlong_shaping:
+            return 0.0
+        return overlong_penalty(num_tokens, self.cfg.overlong_max_len, self.cfg.overlong_cache_len)
+
+    def combine(self, verdict: dict, num_tokens: int, tag: str = "") -> Scored:
+        over = self.shaping(num_tokens)
+        return Scored(
+            verdict["score"] + over,
+            verdict["acc"],
+            (verdict["score"], over),
+            verdict.get("pred"),
+            tag,
+        )
+
+    def score(self, response: str, ground_truth: str, num_tokens: int) -> Scored:
+        return self.combine(normalize_result(self.fn(response, ground_truth)), num_tokens)

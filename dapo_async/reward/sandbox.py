@@ -1,0 +1,212 @@
+"""Code-execution reward: run candidate code against test cases in a locked-down subprocess.
+
+Each test runs ``python -I solution.py`` in a fresh temp directory with its input on stdin and
+these limits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE),
+processes (RLIMIT_NPROC; as root the child first drops to user ``nobody`` so the limit holds),
+stdout/stderr bytes (read through a pipe; the run is killed past the limit) and wall-clock time.
+The child leads its own process group, which is killed as a whole when the run ends, so forked
+children do not outlive it. A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
+``memory_limit``, ``output_limit``, ``error``) and scores as wrong.
+
+Ground truth format: JSON ``{"tests": [{"input": "...", "output": "..."}, ...]}``; the code is the
+last fenced ```python block of the response (or the whole response if it has none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+NOBODY_UID = 65534
+_CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int = 2  # CPU seconds per test (SIGXCPU, then SIGKILL)
+    wall_s: float = 5.0  # wall-clock seconds per test (sleeping code burns no CPU)
+    memory_mb: int = 512  # address space; Python itself needs ~30 MB
+    output_bytes: int = 1 << 20  # stdout + stderr kept; more kills the run
+    file_bytes: int = 1 << 20  # largest file the code may write
+    num_procs: int = 16  # processes of the sandbox user (fork bombs)
+
+
+@dataclass
+class RunResult:
+    tag: str  # "ok" | "timeout" | "cpu_limit" | "memory_limit" | "output_limit" | "error"
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def _preexec(limits: Limits):
+    def setup() -> None:
+        os.setsid()
+        if os.geteuid() == 0:  # root ignores RLIMIT_NPROC: run as nobody instead
+            os.setgroups([])
+            os.setgid(NOBODY_UID)
+            os.setuid(NOBODY_UID)
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        mem = limits.memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.num_procs, limits.num_procs))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return setup
+
+
+def _world_executable(path: str) -> bool:
+    """True if a user with no special rights can run ``path`` (every parent dir o+x)."""
+    p = os.path.realpath(path)
+    if not (os.path.isfile(p) and os.stat(p).st_mode & 0o001):
+        return False
+    d = os.path.dirname(p)
+    while d not in ("/", ""):
+        if not os.stat(d).st_mode & 0o001:
+            return False
+        d = os.path.dirname(d)
+    return True
+
+
+def sandbox_python() -> str:
+    """The interpreter candidate code runs with; as root it must be usable by ``nobody``."""
+    if os.geteuid() != 0:
+        return sys.executable
+    for cand in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if _world_executable(cand):
+            return os.path.realpath(cand)
+    raise RuntimeError(
+        "no Python interpreter that user 'nobody' can run (needed by the code sandbox)"
+    )
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResult:
+    """Run ``code`` once under the limits; never raises for anything the code does."""
+    workdir = tempfile.mkdtemp(prefix="dapo_sandbox_")
+    os.chmod(workdir, 0o777)
+    path = os.path.join(workdir, "solution.py")
+    with open(path, "w") as f:
+        f.write(code)
+    os.chmod(path, 0o644)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": workdir,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LANG": "C.UTF-8",
+    }
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sandbox_python(), "-I", "-S", path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=workdir,
+        env=env,
+        preexec_fn=_preexec(limits),
+    )
+    out, err = bytearray(), bytearray()
+    tag = "ok"
+    try:
+        try:
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        open_streams = 2
+        while open_streams:
+            left = limits.wall_s - (time.monotonic() - t0)
+            if left <= 0:
+                tag = "timeout"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.1)):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_streams -= 1
+                    continue
+                key.data.extend(chunk)
+                if len(out) + len(err) > limits.output_bytes:
+                    tag = "output_limit"
+                    open_streams = 0
+                    break
+        sel.close()
+        if tag != "ok":
+            _kill_group(proc)
+        try:
+            rc = proc.wait(timeout=max(0.1, limits.wall_s - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc = proc.wait()
+            tag = "timeout" if tag == "ok" else tag
+    finally:
+        _kill_group(proc)  # forked children of the code die with the group
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    stderr_text = err[: limits.output_bytes].decode(errors="replace")
+    if tag == "ok" and rc != 0:
+        if rc in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - t0 >= limits.cpu_s * 0.9:
+            tag = "cpu_limit"
+        elif "MemoryError" in stderr_text:
+            tag = "memory_limit"
+        else:
+            tag = "error"
+    return RunResult(
+        tag,
+        rc,
+        out[: limits.output_bytes].decode(errors="replace"),
+        stderr_text,
+        time.monotonic() - t0,
+    )
+
+
+def extract_code(response: str) -> str:
+    blocks = _CODE_RE.findall(response)
+    return blocks[-1] if blocks else response
+
+
+def code_exec(response: str, ground_truth: str, limits: Limits = Limits()) -> dict:
+    """+1 if every test's stdout matches (whitespace-trimmed), else −1; tagged by the first
+    failing test's outcome."""
+    try:
+        tests = json.loads(ground_truth)["tests"]
+    except (ValueError, KeyError, TypeError):
+        return {"score": -1.0, "acc": 0.0, "pred": None, "tag": "bad_ground_truth"}
+    code = extract_code(response)
+    passed = 0
+    for t in tests:
+        res = run_python(code, str(t.get("input", "")), limits)
+        if res.tag != "ok":
+            return {"score": -1.0, "acc": 0.0, "pred": None, "tag": res.tag, "passed": passed}
+        if res.stdout.strip() != str(t.get("output", "")).strip():
+            return {
+                "score": -1.0,
+                "acc": 0.0,
+                "pred": res.stdout[-200:],
+                "tag": "wrong",
+                "passed": passed,
+            }
+        passed += 1
+    return {"score": 1.0, "acc": 1.0, "pred": None, "tag": "ok", "passed": passed}

@@ -1,0 +1,88 @@
+"""What every role process does at start: logging, config, signals, run directory, endpoints.
+
+Roles never import the launcher; the launcher and the per-role commands both call these.
+Endpoints are exchanged through small files in the run directory (``<run_dir>/endpoints/``),
+written atomically, so roles started separately (other hosts: a shared filesystem, or pass the
+endpoint explicitly) find each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+# How long a role waits for a peer's endpoint file before giving up.
+ENDPOINT_WAIT_S = 300.0
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; loops poll it. A second signal exits at once."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.reason = ""
+
+    def install(self) -> StopFlag:
+        def handler(signum, frame):
+            if self.stop:
+                os._exit(130)
+            self.stop = True
+            self.reason = signal.Signals(signum).name
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __bool__(self) -> bool:
+        return self.stop
+
+
+def setup_logging(role: str) -> logging.Logger:
+    logging.basicConfig(
+        level=os.environ.get("DAPO_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {role} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("aim", "urllib3", "filelock", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger(role)
+
+
+def write_endpoint(run_dir: str | Path, name: str, endpoint: str) -> Path:
+    d = Path(run_dir) / "endpoints"
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{name}.tmp"
+    tmp.write_text(endpoint)
+    os.replace(tmp, d / name)
+    return d / name
+
+
+def read_endpoint(
+    run_dir: str | Path, name: str, timeout_s: float = ENDPOINT_WAIT_S, stop: StopFlag | None = None
+) -> str:
+    p = Path(run_dir) / "endpoints" / name
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (stop and stop.stop):
+        if p.is_file():
+            text = p.read_text().strip()
+            if text:
+                return text
+        time.sleep(0.1)
+    raise TimeoutError(
+        f"no endpoint {name!r} in {p.parent} after {timeout_s:.0f}s (is that role running?)"
+    )
+
+
+def set_threads(n: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+    except ImportError:
+        pass

@@ -1,0 +1,389 @@
+"""Weight sync over a torch.distributed group separate from the training world.
+
+Learner rank 0 hosts a TCPStore; generators connect to it (no ``init_process_group``) and all
+members build ``ProcessGroupGloo`` (NCCL on GPUs) from ``PrefixStore("wsync/<epoch>", store)``.
+Other learner ranks never touch it. Store keys (control plane):
+
+    join/<n> = receiver id          (a receiver registers; n from the atomic counter "joins")
+    alive/<id> = unix time          (refreshed by each receiver's poll)
+    epoch/<e> = JSON member ids     (member i has group rank i + 1; the sender is rank 0)
+    round/<e>/<r> = JSON manifest   (version, names, shapes, dtypes, bucket sizes + CRC32)
+    latest = JSON [e, r]
+
+Rounds are sequential and every member of the epoch takes part in each, so a receiver is at
+most one round behind. The sender runs rounds in a background thread (the learner never waits
+for a slow generator); each round sends the newest snapshot. A collective that times out
+raises in the thread: the sender re-forms the group (new epoch) with the members still alive,
+and a receiver that joined or restarted is included at the next epoch and gets the current
+weights in its first round. Receivers verify every bucket's CRC32 and the names/shapes against
+their own model; a mismatch raises ``WeightSyncError`` and keeps the previous weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import zlib
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dapo_async.weight_sync.disk import WeightSyncError
+
+log = logging.getLogger(__name__)
+
+# A receiver that has not refreshed alive/<id> for this long is left out of the next epoch.
+ALIVE_TIMEOUT_S = 15.0
+# Store operations (get/set) are local-network round trips; give them a short timeout.
+STORE_TIMEOUT_S = 30.0
+# Idle sender thread wakes up this often to look for new members.
+SENDER_POLL_S = 0.2
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class FlatBuckets:
+    """Persistent flat buffers holding a model's tensors, grouped by dtype, ≤ bucket_bytes each."""
+
+    def __init__(
+        self,
+        named_shapes: list[tuple[str, torch.Size, torch.dtype]],
+        bucket_bytes: int,
+        device="cpu",
+    ):
+        self.layout: list[
+            tuple[str, int, int, tuple[int, ...], torch.dtype]
+        ] = []  # name, bucket, offset, shape, dtype
+        sizes: list[int] = []
+        dtypes: list[torch.dtype] = []
+        by_dtype: dict[torch.dtype, list] = {}
+        for name, shape, dtype in named_shapes:
+            by_dtype.setdefault(dtype, []).append((name, shape))
+        for dtype, items in by_dtype.items():
+            item = torch.empty(0, dtype=dtype).element_size()
+            cur = None
+            for name, shape in items:
+                n = int(torch.Size(shape).numel())
+                if cur is None or ((sizes[cur] + n) * item > bucket_bytes and sizes[cur] > 0):
+                    sizes.append(0)
+                    dtypes.append(dtype)
+                    cur = len(sizes) - 1
+                self.layout.append((name, cur, sizes[cur], tuple(shape), dtype))
+                sizes[cur] += n
+        self.buffers = [torch.empty(n, dtype=dt, device=device) for n, dt in zip(sizes, dtypes)]
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> FlatBuckets:
+        fb = cls.__new__(cls)
+        fb.layout = [
+            (n, b, off, tuple(shape), getattr(torch, dt))
+            for n, b, off, shape, dt in manifest["tensors"]
+        ]
+        fb.buffers = [
+            torch.empty(int(n), dtype=getattr(torch, dt)) for n, dt in manifest["buckets"]
+        ]
+        return fb
+
+    def pack(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, b, off, shape, _ in self.layout:
+                t = state[name]
+                self.buffers[b][off : off + t.numel()].copy_(t.reshape(-1))
+
+    def views(self) -> dict[str, torch.Tensor]:
+        return {
+            name: self.buffers[b][off : off + int(torch.Size(shape).numel())].view(shape)
+            for name, b, off, shape, _ in self.layout
+        }
+
+    def crcs(self) -> list[int]:
+        return [zlib.crc32(memoryview(buf.view(torch.uint8).numpy())) for buf in self.buffers]
+
+    def manifest(self, version: int) -> dict:
+        return {
+            "version": version,
+            "tensors": [
+                [n, b, off, list(shape), str(dt).removeprefix("torch.")]
+                for n, b, off, shape, dt in self.layout
+            ],
+            "buckets": [
+                [int(buf.numel()), str(buf.dtype).removeprefix("torch.")] for buf in self.buffers
+            ],
+            "crc32": self.crcs(),
+        }
+
+
+def _group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: str):
+    prefix = dist.PrefixStore(f"wsync/{epoch}", store)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(prefix, rank, size, dist.ProcessGroupNCCL.Options()), prefix
+    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s)), prefix
+
+
+class DistWeightPublisher:
+    """Learner rank 0 side. ``publish`` snapshots the weights and returns at once."""
+
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        host: str | None = None,
+        port: int | None = None,
+        backend: str = "gloo",
+    ):
+        from dapo_async.roles import write_endpoint
+
+        self.host = host or cfg.launch.host
+        self.port = port if port is not None else (cfg.weight_sync.port or _free_port(self.host))
+        self.timeout_s = cfg.weight_sync.timeout_s
+        self.bucket_bytes = cfg.weight_sync.bucket_mb << 20
+        self.backend = backend
+        self.store = dist.TCPStore(
+            self.host,
+            self.port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=STORE_TIMEOUT_S),
+        )
+        self.store.set("joins", "0")
+        self.endpoint = f"{self.host}:{self.port}"
+        if run_dir is not None:
+            write_endpoint(run_dir, "wsync", self.endpoint)
+        self.buckets: FlatBuckets | None = None
+        self.staged: FlatBuckets | None = None
+        self.staged_version = -1
+        self.sent_version = -1
+        self.epoch = -1
+        self.round = -1
+        self.members: list[str] = []
+        self.known: list[str] = []
+        self.pg = None
+        self.errors = 0
+        self.stats = {"rounds": 0, "bytes": 0, "seconds": 0.0, "reforms": 0}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="wsync-sender", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ learner thread
+
+    def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        with self._cv:
+            if self.staged is None:
+                shapes = [(k, v.shape, v.dtype) for k, v in state_dict.items()]
+                self.staged = FlatBuckets(shapes, self.bucket_bytes)
+                self.buckets = FlatBuckets(shapes, self.bucket_bytes)
+            self.staged.pack(state_dict)
+            self.staged_version = version
+            self._cv.notify()
+
+    def wait_sent(self, version: int, timeout_s: float) -> bool:
+        """Block until ``version`` (or newer) reached every member (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self.sent_version < version and time.monotonic() < deadline:
+                self._cv.wait(0.05)
+            return self.sent_version >= version
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=self.timeout_s + 5)
+        if self.pg is not None:
+            try:
+                self.pg.shutdown()
+            except Exception:
+                pass
+
+    # ------------------------------------------------------------------ sender thread
+
+    def _alive_members(self) -> list[str]:
+        n = int(self.store.get("joins"))
+        for i in range(len(self.known), n):
+            rid = self.store.get(f"join/{i + 1}").decode()
+            if rid not in self.known:
+                self.known.append(rid)
+        now = time.time()
+        alive = []
+        for rid in self.known:
+            try:
+                t = float(self.store.get(f"alive/{rid}"))
+            except Exception:
+                continue
+            if now - t < ALIVE_TIMEOUT_S:
+                alive.append(rid)
+        return alive
+
+    def _new_epoch(self, members: list[str]) -> None:
+        """Announce a new member list; the group itself is built once the round is announced
+        (building it is a rendezvous the receivers join when they see the round)."""
+        if self.pg is not None:
+            try:
+                self.pg.shutdown()
+            except Exception:
+                pass
+            self.pg = None
+        self.epoch += 1
+        self.members = members
+        self.store.set(f"epoch/{self.epoch}", json.dumps(members))
+        self.stats["reforms"] += 1
+        log.info("weight-sync epoch %d with %d receivers", self.epoch, len(members))
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while (
+                    not self._stop
+                    and self.staged_version <= self.sent_version
+                    and not self._membership_changed()
+                ):
+                    self._cv.wait(SENDER_POLL_S)
+                if self._stop:
+                    return
+                if self.staged is None:
+                    continue
+                version = self.staged_version
+                for dst, src in zip(self.buckets.buffers, self.staged.buffers):
+                    dst.copy_(src)
+            try:
+                self._send_round(version)
+            except Exception as e:  # a dead or slow receiver: re-form at the next round
+                self.errors += 1
+                log.warning(
+                    "weight-sync round failed (%s); re-forming the group",
+                    str(e).splitlines()[0][:200],
+                )
+                self.members = []  # forces a re-form with the live members
+                time.sleep(0.1)
+
+    def _membership_changed(self) -> bool:
+        try:
+            alive = self._alive_members()
+        except Exception:
+            return False
+        return sorted(alive) != sorted(self.members)
+
+    def _send_round(self, version: int) -> None:
+        alive = self._alive_members()
+        if sorted(alive) != sorted(self.members) or self.pg is None:
+            self._new_epoch(alive)
+        if not self.members:
+            with self._cv:
+                self.sent_version = version  # nobody to send to
+                self._cv.notify_all()
+            return
+        self.round += 1
+        t0 = time.monotonic()
+        manifest = self.buckets.manifest(version)
+        self.store.set(f"round/{self.epoch}/{self.round}", json.dumps(manifest))
+        self.store.set("latest", json.dumps([self.epoch, self.round]))
+        if self.pg is None:
+            self.pg, _ = _group(
+                self.store, self.epoch, 0, len(self.members) + 1, self.timeout_s, self.backend
+            )
+        for buf in self.buckets.buffers:
+            self.pg.broadcast(buf, 0).wait()
+        self.stats["rounds"] += 1
+        self.stats["bytes"] += sum(b.numel() * b.element_size() for b in self.buckets.buffers)
+        self.stats["seconds"] += time.monotonic() - t0
+        with self._cv:
+            self.sent_version = version
+            self._cv.notify_all()
+
+
+class DistWeightReceiver:
+    """Generator side. ``poll()`` returns (state dict, version) when a round for it is open."""
+
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path | None,
+        receiver_id: str,
+        endpoint: str | None = None,
+        backend: str = "gloo",
+    ):
+        from dapo_async.roles import read_endpoint
+
+        ep = endpoint or read_endpoint(run_dir, "wsync")
+        host, port = ep.rsplit(":", 1)
+        self.id = receiver_id
+        self.timeout_s = cfg.weight_sync.timeout_s
+        self.backend = backend
+        self.store = dist.TCPStore(
+            host, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S)
+        )
+        self.store.set(f"alive/{self.id}", str(time.time()))
+        n = self.store.add("joins", 1)
+        self.store.set(f"join/{n}", self.id)
+        self.epoch = -1
+        self.rank = -1
+        self.pg = None
+        self.last = (-1, -1)
+        self.version = -1
+        self.buckets: FlatBuckets | None = None
+
+    def _heartbeat(self) -> None:
+        self.store.set(f"alive/{self.id}", str(time.time()))
+
+    def poll(self) -> tuple[dict[str, torch.Tensor], int] | None:
+        self._heartbeat()
+        if not self.store.check(["latest"]):
+            return None
+        e, r = json.loads(self.store.get("latest"))
+        if (e, r) <= self.last:
+            return None
+        if e != self.epoch:
+            members = json.loads(self.store.get(f"epoch/{e}"))
+            if self.id not in members:
+                return None  # joins at the next epoch
+            if self.pg is not None:
+                try:
+                    self.pg.shutdown()
+                except Exception:
+                    pass
+            self.rank = members.index(self.id) + 1
+            self.pg, _ = _group(
+                self.store, e, self.rank, len(members) + 1, self.timeout_s, self.backend
+            )
+            self.epoch = e
+        manifest = json.loads(self.store.get(f"round/{e}/{r}"))
+        self.last = (e, r)
+        self._ensure_buffers(manifest)
+        for buf in self.buckets.buffers:
+            self.pg.broadcast(buf, 0).wait()
+        got = self.buckets.crcs()
+        if got != manifest["crc32"]:
+            raise WeightSyncError(
+                f"weight-sync checksum mismatch in round {r} (version {manifest['version']}); keeping v{self.version}"
+            )
+        self.version = int(manifest["version"])
+        return self.buckets.views(), self.version
+
+    def _ensure_buffers(self, manifest: dict) -> None:
+        want = [
+            (n, b, off, tuple(shape), getattr(torch, dt))
+            for n, b, off, shape, dt in manifest["tensors"]
+        ]
+        for n, b, off, shape, _ in want:
+            size, _dt = manifest["buckets"][b]
+            if not (off >= 0 and off + int(torch.Size(shape).numel()) <= int(size)):
+                raise WeightSyncError(f"weight-sync manifest places {n} outside its bucket")
+        if self.buckets is None or [tuple(x) for x in self.buckets.layout] != want:
+            self.buckets = FlatBuckets.from_manifest(manifest)
+
+    def close(self) -> None:
+        if self.pg is not None:
+            try:
+                self.pg.shutdown()
+            except Exception:
+                pass

@@ -1,0 +1,40 @@
+"""Choose the weight-sync publisher (learner rank 0) and receiver (generator) from the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class _DiskPublisher:
+    def __init__(self, directory: Path):
+        from dapo_async.weight_sync.disk import DiskWeightPublisher
+
+        self.inner = DiskWeightPublisher(directory)
+
+    def publish(self, state_dict, version: int) -> None:
+        self.inner.publish(state_dict, version)
+
+    def close(self) -> None:
+        pass
+
+
+def weights_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "weights"
+
+
+def make_publisher(cfg, run_dir: Path):
+    if cfg.weight_sync.mode == "disk":
+        return _DiskPublisher(weights_dir(run_dir))
+    from dapo_async.weight_sync.dist import DistWeightPublisher
+
+    return DistWeightPublisher(cfg, run_dir)
+
+
+def make_receiver(cfg, run_dir: Path, receiver_id: str):
+    if cfg.weight_sync.mode == "disk":
+        from dapo_async.weight_sync.disk import DiskWeightReceiver
+
+        return DiskWeightReceiver(weights_dir(run_dir), receiver_id)
+    from dapo_async.weight_sync.dist import DistWeightReceiver
+
+    return DistWeightReceiver(cfg, run_dir, receiver_id)

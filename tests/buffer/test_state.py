@@ -1,0 +1,135 @@
+import pytest
+from helpers import group
+
+from dapo_async.buffer.state import BufferState, balance_shards
+from dapo_async.config import BufferConfig
+
+
+def state(**kw):
+    cfg = BufferConfig(**{"groups_per_step": 2, "max_staleness": 1, **kw})
+    s = BufferState(cfg, num_prompts=100, seed=0, component_names=["correct", "overlong"])
+    s.hello("g")
+    return s
+
+
+def test_admission_rule():
+    s = state(groups_per_step=2, max_staleness=1)
+    # v = 0: (0 + 1 + 1) * 2 = 4 groups may be leased or accepted
+    leases = s.grant("g", 10)
+    assert len(leases) == 4 and s.admissible() == 0
+    assert s.grant("g", 1) == []
+    # accepting does not free capacity (accepted counts too) ...
+    for i, ls in enumerate(leases):
+        assert s.ingest(group("g", i, ls.lease_id)) == "stored"
+    assert s.admissible() == 0
+    # ... a new learner version does
+    assert s.batch(0, 0, 1) is not None
+    s.advance(1, 0, 1)
+    assert s.admissible() == 2
+
+
+def test_synchronous_when_max_staleness_zero():
+    s = state(groups_per_step=2, max_staleness=0)
+    assert len(s.grant("g", 5)) == 2
+
+
+def test_dedupe_unknown_lease_and_unknown_generator():
+    s = state()
+    (ls,) = s.grant("g", 1)
+    assert s.ingest(group("g", 0, ls.lease_id)) == "stored"
+    assert s.ingest(group("g", 0, ls.lease_id)) == "duplicate"
+    assert s.ingest(group("g", 1, 999)) == "rejected:unknown_lease"
+    assert s.ingest(group("stranger", 0, 0)) == "retry:hello"
+    assert s.counters.rejected == {"duplicate": 1, "unknown_lease": 1, "unknown_generator": 1}
+    assert s.counters.accepted == 1
+
+
+def test_dynamic_sampling_filter_and_band_pass():
+    s = state(groups_per_step=8)
+    leases = s.grant("g", 4)
+    assert s.ingest(group("g", 0, leases[0].lease_id, acc=(1, 1))) == "stored"  # all correct
+    assert s.ingest(group("g", 1, leases[1].lease_id, acc=(0, 0))) == "stored"  # all wrong
+    s.ingest(group("g", 2, leases[2].lease_id, acc=(1, 0)))
+    assert s.counters.dropped["filtered"] == 2 and len(s.ready) == 1
+    b = state(groups_per_step=8, min_group_acc=0.6)
+    leases = b.grant("g", 2)
+    b.ingest(group("g", 0, leases[0].lease_id, acc=(1, 0, 0)))  # acc 1/3 < 0.6
+    b.ingest(group("g", 1, leases[1].lease_id, acc=(1, 1, 0)))
+    assert len(b.ready) == 1 and b.counters.dropped["filtered"] == 1
+    off = state(groups_per_step=8, dynamic_sampling=False)
+    (ls,) = off.grant("g", 1)
+    off.ingest(group("g", 0, ls.lease_id, acc=(1, 1)))
+    assert len(off.ready) == 1
+
+
+def test_staleness_eviction_at_assembly():
+    s = state(groups_per_step=2, max_staleness=1, max_buffered_groups=100)
+    s.version = 3  # pretend the learner is at step 3: capacity is large
+    leases = s.grant("g", 3)
+    s.ingest(group("g", 0, leases[0].lease_id, version=1))  # 3 - 1 > 1: stale
+    s.ingest(group("g", 1, leases[1].lease_id, version=2))
+    s.ingest(group("g", 2, leases[2].lease_id, version=3))
+    batch, tokens, n = s.batch(3, 0, 1)
+    assert n == 2 and s.counters.dropped["stale"] == 1
+    assert sorted(g.seq for g in batch) == [1, 2]
+    assert s.staleness_hist == {1: 6, 0: 6}
+
+
+def test_idempotent_batches_and_shards():
+    s = state(groups_per_step=4)
+    leases = s.grant("g", 4)
+    for i, ls in enumerate(leases):
+        s.ingest(group("g", i, ls.lease_id, tokens_per_response=i + 1))
+    a0, tok, n = s.batch(0, 0, 2)
+    a1, _, _ = s.batch(0, 1, 2)
+    again, _, _ = s.batch(0, 0, 2)
+    assert [g.seq for g in a0] == [g.seq for g in again]
+    assert sorted(g.seq for g in a0) + sorted(g.seq for g in a1) != []
+    assert sorted([g.seq for g in a0] + [g.seq for g in a1]) == [0, 1, 2, 3]
+    assert tok == sum(g.num_tokens for g in a0) + sum(g.num_tokens for g in a1)
+    with pytest.raises(ValueError, match="ranks"):
+        s.batch(0, 0, 3)
+
+
+def test_not_ready_until_enough_groups():
+    s = state(groups_per_step=2)
+    (ls,) = s.grant("g", 1)
+    s.ingest(group("g", 0, ls.lease_id))
+    assert s.batch(0, 0, 1) is None
+    assert len(s.ready) == 1  # nothing lost while waiting
+
+
+def test_shard_balancing():
+    shards = balance_shards([10, 1, 1, 1, 1, 6], 2)
+    loads = [sum([10, 1, 1, 1, 1, 6][i] for i in s) for s in shards]
+    assert sorted(loads) == [10, 10]
+    assert all(shards)  # every rank gets something
+    assert sorted(i for s in shards for i in s) == list(range(6))
+    assert all(len(s) >= 1 for s in balance_shards([100, 1, 1], 3))
+
+
+def test_expired_leases_are_reissued_first():
+    s = state(groups_per_step=10, lease_timeout_s=1.0)
+    s.hello("dead", now=0.0)
+    lost = s.grant("dead", 3, now=0.0)
+    s.hello("alive", now=100.0)
+    expired = s.expire_leases(now=100.0)
+    assert {ls.lease_id for ls in expired} == {ls.lease_id for ls in lost}
+    again = s.grant("alive", 3, now=100.0)
+    assert [ls.prompt_index for ls in again] == [ls.prompt_index for ls in lost]
+
+
+def test_snapshot_round_trip():
+    s = state(groups_per_step=2)
+    leases = s.grant("g", 4)
+    for i, ls in enumerate(leases[:3]):
+        s.ingest(group("g", i, ls.lease_id))
+    s.batch(0, 0, 1)
+    snap = s.snapshot()
+    t = BufferState(s.cfg, 100, 0)
+    t.restore(snap, list(s.groups.values()))
+    assert t.snapshot() == snap
+    assert [g.seq for g in t.batch(0, 0, 1)[0]] == [g.seq for g in s.batch(0, 0, 1)[0]]
+    assert [ls.prompt_index for ls in t.grant("g", 2)] == [
+        ls.prompt_index for ls in s.grant("g", 2)
+    ]

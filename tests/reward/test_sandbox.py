@@ -1,0 +1,56 @@
+"""The code sandbox stops hostile code within its limits, tags it, and serves the next run."""
+
+import json
+import time
+
+from dapo_async.reward.sandbox import Limits, code_exec, run_python
+
+FAST = Limits(cpu_s=1, wall_s=3.0, memory_mb=256, output_bytes=1 << 16, num_procs=8)
+
+
+def test_correct_and_wrong_solutions():
+    tests = json.dumps(
+        {"tests": [{"input": "2 3\n", "output": "5"}, {"input": "10 -4\n", "output": "6"}]}
+    )
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    bad = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
+    assert code_exec(good, tests, FAST)["acc"] == 1.0
+    res = code_exec(bad, tests, FAST)
+    assert res["acc"] == 0.0 and res["tag"] == "wrong"
+    assert code_exec(good, "not json", FAST)["tag"] == "bad_ground_truth"
+
+
+def test_infinite_loop_is_stopped():
+    t0 = time.monotonic()
+    res = run_python("while True:\n    pass\n", limits=FAST)
+    assert res.tag in ("cpu_limit", "timeout")
+    assert time.monotonic() - t0 < FAST.wall_s + 2
+
+
+def test_sleeping_code_hits_wall_clock():
+    res = run_python("import time\ntime.sleep(60)\n", limits=Limits(cpu_s=5, wall_s=1.0))
+    assert res.tag == "timeout" and res.seconds < 3
+
+
+def test_fork_bomb_is_contained():
+    code = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    t0 = time.monotonic()
+    res = run_python(code, limits=FAST)
+    assert res.tag in ("cpu_limit", "timeout", "error")
+    assert time.monotonic() - t0 < FAST.wall_s + 3
+    # the group was killed: a normal run afterwards works
+    assert run_python("print('alive')", limits=FAST).stdout.strip() == "alive"
+
+
+def test_huge_output_is_cut():
+    res = run_python("import sys\nsys.stdout.write('x' * (100 * 1024 * 1024))\n", limits=FAST)
+    assert res.tag == "output_limit"
+    assert len(res.stdout) <= FAST.output_bytes
+
+
+def test_memory_hog_is_stopped():
+    res = run_python("x = bytearray(2 * 1024 * 1024 * 1024)\n", limits=FAST)
+    assert res.tag == "memory_limit"
+    assert run_python("print(1 + 1)", limits=FAST).stdout.strip() == "2"
