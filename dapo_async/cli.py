@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generator", help="run one generator process")
     _add_config_args(p)
-    p.add_argument("--id", default="", help="generator id (default: random)")
+    p.add_argument(
+        "--id", default="", help="generator name; a random suffix makes each process unique"
+    )
     p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
     p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model directory")

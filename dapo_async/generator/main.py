@@ -22,7 +22,9 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 
     cfg = load_config(args.config, args.overrides)
-    gen_id = args.id or f"gen-{uuid.uuid4().hex[:8]}"
+    # Unique per process: a restarted generator must not reuse the group ids (id, seq) of its
+    # previous incarnation, which the buffer would ack as duplicates.
+    gen_id = f"{args.id or 'gen'}-{uuid.uuid4().hex[:8]}"
     log = setup_logging(gen_id)
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)

@@ -39,6 +39,10 @@ from dapo_async.protocol import Group
 
 def loss_config(cfg: RunConfig) -> PolicyLossConfig:
     a = cfg.algo
+    if a.objective == "dpo":
+        raise ValueError(
+            "algo.objective: 'dpo' is available in dapo_async.algo.dpo but not yet wired into the learner"
+        )
     return PolicyLossConfig(
         clip_low=a.clip_low,
         clip_high=a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,

@@ -121,7 +121,7 @@ def test_killed_generator_is_restarted_and_run_finishes(tiny_model, tmp_path, re
             )
             if len(rows) >= 3:
                 for p in psutil.Process(proc.pid).children(recursive=True):
-                    if "generator" in " ".join(p.cmdline()):
+                    if "generator" in p.cmdline()[3:4]:  # the role argument, not a path
                         os.kill(p.pid, signal.SIGKILL)
                         killed = True
             time.sleep(0.3)

@@ -94,7 +94,7 @@ def test_http_reward_client_against_local_server():
         assert client.score(["ab", "abcd"]) == [2.0, 4.0]
         with pytest.raises(RewardHTTPError, match="HTTP 500"):
             client.score(["boom"])
-        with pytest.raises(RewardHTTPError, match="non-finite|JSON"):
+        with pytest.raises(RewardHTTPError, match=r"non-finite|JSON"):
             client.score(["nan"])
     finally:
         server.shutdown()
