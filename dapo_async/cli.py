@@ -63,6 +63,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dapo_async.bench.transport_bench import main as bench_main
 
         return bench_main(args)
+    if args.what == "buffer":
+        from dapo_async.bench.buffer_bench import main as bench_main
+
+        return bench_main(args)
     raise CliError(f"bench {args.what}: not built yet")
 
 
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument("what", choices=["transport"])
+    p.add_argument("what", choices=["transport", "buffer"])
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
