@@ -85,7 +85,11 @@ class ModelConfig:
 
     def check(self, p: str) -> None:
         _choice(self.dtype, ("float32", "bfloat16"), f"{p}.dtype")
-        _need(self.reference_path == "", f"{p}.reference_path", "a reference model is not supported yet")
+        _need(
+            self.reference_path == "",
+            f"{p}.reference_path",
+            "a reference model is not supported yet",
+        )
 
 
 @dataclass
@@ -199,7 +203,11 @@ class BufferConfig:
             "must be in [min_group_acc, 1]",
         )
         _need(self.max_buffered_groups >= 1, f"{p}.max_buffered_groups", "must be >= 1")
-        _need(self.max_gen_rounds <= 0, f"{p}.max_gen_rounds", "a round limit is not supported yet (use <= 0)")
+        _need(
+            self.max_gen_rounds <= 0,
+            f"{p}.max_gen_rounds",
+            "a round limit is not supported yet (use <= 0)",
+        )
         _need(self.lease_timeout_s > 0, f"{p}.lease_timeout_s", "must be > 0")
 
 
@@ -232,8 +240,16 @@ class AlgoConfig:
 
     def check(self, p: str) -> None:
         _choice(self.objective, ("dapo", "grpo", "ppo_kl", "dpo"), f"{p}.objective")
-        _need(self.objective != "dpo", f"{p}.objective", "dpo is in dapo_async.algo.dpo but not wired into the learner yet")
-        _need(self.kl_coef == 0, f"{p}.kl_coef", "a KL penalty needs a reference model, which is not supported yet")
+        _need(
+            self.objective != "dpo",
+            f"{p}.objective",
+            "dpo is in dapo_async.algo.dpo but not wired into the learner yet",
+        )
+        _need(
+            self.kl_coef == 0,
+            f"{p}.kl_coef",
+            "a KL penalty needs a reference model, which is not supported yet",
+        )
         _need(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
         _need(self.clip_high >= 0, f"{p}.clip_high", "must be >= 0")
         _need(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 or > 1")
@@ -299,7 +315,9 @@ class LearnerConfig:
         _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
         _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
         _need(not self.fsdp, f"{p}.fsdp", "FSDP2 is not supported yet (DDP only)")
-        _need(not self.activation_checkpointing, f"{p}.activation_checkpointing", "not supported yet")
+        _need(
+            not self.activation_checkpointing, f"{p}.activation_checkpointing", "not supported yet"
+        )
 
 
 @dataclass
