@@ -469,6 +469,9 @@ class Batch(Message):
     global_num_tokens: int = 0
     global_num_groups: int = 0
     wait_s: float = 0.0
+    stats: dict[str, float] = field(
+        default_factory=dict
+    )  # buffer counters, for the learner's metrics
     batch: GroupBatch = field(default_factory=GroupBatch.empty)
 
 

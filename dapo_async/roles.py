@@ -12,11 +12,18 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 # How long a role waits for a peer's endpoint file before giving up.
 ENDPOINT_WAIT_S = 300.0
+# Roles started by `dapo-async train` get this variable; they stop if that launcher dies.
+LAUNCHER_PID_ENV = "DAPO_LAUNCHER_PID"
+# How often a launched role checks that its launcher is alive.
+WATCHDOG_PERIOD_S = 1.0
+# A role still running this long after it was asked to stop exits hard.
+HARD_EXIT_AFTER_S = 25.0
 
 
 class StopFlag:
@@ -35,7 +42,24 @@ class StopFlag:
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+        launcher = os.environ.get(LAUNCHER_PID_ENV)
+        if launcher:
+            threading.Thread(target=self._watch, args=(int(launcher),), daemon=True).start()
         return self
+
+    def _watch(self, launcher_pid: int) -> None:
+        """Stop when the launcher is gone (killed without cleaning up); exit hard if the
+        role does not stop by itself in time."""
+        stop_seen = None
+        while True:
+            time.sleep(WATCHDOG_PERIOD_S)
+            if not self.stop and os.getppid() != launcher_pid:
+                self.stop = True
+                self.reason = "launcher died"
+            if self.stop:
+                stop_seen = stop_seen or time.monotonic()
+                if time.monotonic() - stop_seen > HARD_EXIT_AFTER_S:
+                    os._exit(1)
 
     def __bool__(self) -> bool:
         return self.stop

@@ -173,7 +173,7 @@ class BufferService:
             if res is None:
                 return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S)
             batch, tokens, num_groups = res
-            return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, batch)
+            return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch)
         if isinstance(msg, P.CheckpointNotice):
             s.mark_checkpoint(msg.step)
             self._log("checkpoint", msg.step)

@@ -13,8 +13,9 @@ import sys
 import time
 import uuid
 
-# After a weight-sync failure, try to reconnect this often.
+# After a weight-sync failure, try to reconnect this often, each try bounded (Ctrl-C stays quick).
 RECONNECT_S = 5.0
+RECONNECT_TIMEOUT_S = 2.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -61,7 +62,9 @@ def main(args: argparse.Namespace) -> int:
             if now - broken_since[0] < RECONNECT_S:
                 return
             try:
-                receiver[0] = make_receiver(cfg, run_dir, gen_id)
+                receiver[0] = make_receiver(
+                    cfg, run_dir, gen_id, connect_timeout_s=RECONNECT_TIMEOUT_S
+                )
                 log.info("weight sync reconnected")
             except Exception as e:
                 broken_since[0] = now

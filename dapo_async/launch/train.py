@@ -28,8 +28,8 @@ from pathlib import Path
 TICK_S = 1.0
 # Lines of a failed role's log shown to the user.
 LOG_TAIL_LINES = 30
-# Give up if the learner is silent (no metrics) for this long after starting.
-STARTUP_TIMEOUT_S = 600.0
+# prctl option: signal to deliver to this process when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
 
 
 class Role:
@@ -77,6 +77,27 @@ class Role:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no log)"
+
+
+def _child_setup() -> None:
+    """In each role process: lead a new process group (stopped as a whole), and get SIGTERM
+    if the launcher dies without cleaning up (SIGKILL), so no role is orphaned."""
+    os.setsid()
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+def _load_libc():
+    # Loaded in the parent: after fork only async-signal-safe work belongs in the child.
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None  # not glibc Linux: the roles' launcher watchdog still stops them
+
+
+_LIBC = _load_libc()
 
 
 def _cli(*args: str) -> list[str]:
@@ -135,7 +156,14 @@ def main(args: argparse.Namespace) -> int:
         stale.unlink()
     cfg_path = save_resolved(cfg, run_dir)
     logs = run_dir / "logs"
-    env = dict(os.environ, OMP_NUM_THREADS=str(cfg.launch.torch_threads), PYTHONUNBUFFERED="1")
+    from dapo_async.roles import LAUNCHER_PID_ENV
+
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(cfg.launch.torch_threads),
+        PYTHONUNBUFFERED="1",
+        **{LAUNCHER_PID_ENV: str(os.getpid())},
+    )
     print(
         f"[train] run directory {run_dir}  (logs in {logs}, metrics in {run_dir / 'metrics'})",
         file=sys.stderr,

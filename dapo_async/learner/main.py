@@ -166,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
             samples_done += _samples(reply)
             metrics["learner/samples_per_s"] = samples_done / max(elapsed, 1e-9)
             metrics["learner/version"] = float(trainer.version)
+            metrics.update(reply.stats)  # the buffer's counters as of this step
             metrics["learner/tokens_trained"] = float(reply.global_num_tokens)
             last = step + 1 == cfg.learner.num_steps
             every = cfg.learner.checkpoint_every

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import signal
 import time
 from multiprocessing.connection import Connection, wait
 
@@ -27,6 +28,10 @@ WORKER_START_TIMEOUT_S = 60.0
 
 
 def _worker_main(fn_name: str, conn: Connection) -> None:
+    # The parent owns this worker's life (close(), kill on timeout; EOF when it dies): a
+    # Ctrl-C or SIGTERM sent to the whole process group must not kill it mid-request.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fn = resolve(fn_name)
     conn.send_bytes(b'"ready"')
     while True:
@@ -97,7 +102,11 @@ class RewardPool:
         def dispatch(k: int) -> None:
             if todo:
                 i = todo.pop()
-                self.workers[k].conn.send_bytes(json.dumps([i, *items[i]]).encode())
+                try:
+                    self.workers[k].conn.send_bytes(json.dumps([i, *items[i]]).encode())
+                except OSError:  # the worker died between requests: replace it, retry once
+                    self._replace(k)
+                    self.workers[k].conn.send_bytes(json.dumps([i, *items[i]]).encode())
                 busy[k] = (i, time.monotonic() + self.timeout_s)
 
         for k in range(len(self.workers)):

@@ -30,11 +30,11 @@ def make_publisher(cfg, run_dir: Path):
     return DistWeightPublisher(cfg, run_dir)
 
 
-def make_receiver(cfg, run_dir: Path, receiver_id: str):
+def make_receiver(cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float = 30.0):
     if cfg.weight_sync.mode == "disk":
         from dapo_async.weight_sync.disk import DiskWeightReceiver
 
         return DiskWeightReceiver(weights_dir(run_dir), receiver_id)
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
-    return DistWeightReceiver(cfg, run_dir, receiver_id)
+    return DistWeightReceiver(cfg, run_dir, receiver_id, connect_timeout_s=connect_timeout_s)

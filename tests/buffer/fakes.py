@@ -95,6 +95,7 @@ def fake_learner(endpoint, rank, world, num_steps, out_path, start_step=0):
                 continue  # buffer restarting: ask again
             if isinstance(msg, P.Batch) and msg.step == step and msg.ready:
                 got[step] = [f"{g}:{s}" for g, s in msg.batch.group_ids()]
+                assert msg.stats["buffer/produced"] >= len(got[step])  # stats reach the learner
                 break
             time.sleep(0.005)
     Path(out_path).write_text(json.dumps(got))

@@ -69,6 +69,34 @@ def test_train_runs_to_completion(tiny_model, tmp_path, repo, cli_env):
     assert list((tmp_path / "run" / "checkpoints").glob("step-*"))
 
 
+def _start_and_wait_for_training(tiny_model, tmp_path, repo, cli_env):
+    proc = subprocess.Popen(
+        train_cmd(tiny_model, tmp_path / "run", "learner.num_steps=1000"),
+        cwd=repo,
+        env=cli_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        if (tmp_path / "run" / "metrics" / "learner.jsonl").exists() and len(kids) >= 3:
+            break
+        time.sleep(0.5)
+    return proc, [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+
+
+def test_sigkill_of_launcher_orphans_nothing(tiny_model, tmp_path, repo, cli_env):
+    proc, pids = _start_and_wait_for_training(tiny_model, tmp_path, repo, cli_env)
+    assert len(pids) >= 3
+    t0 = time.monotonic()
+    proc.kill()  # no cleanup in the launcher: the roles must notice by themselves
+    proc.wait()
+    while descendants_alive(pids) and time.monotonic() - t0 < 30:
+        time.sleep(0.5)
+    assert descendants_alive(pids) == []
+
+
 def test_sigint_leaves_no_process(tiny_model, tmp_path, repo, cli_env):
     proc = subprocess.Popen(
         train_cmd(tiny_model, tmp_path / "run", "learner.num_steps=1000"),
@@ -96,7 +124,11 @@ def test_sigint_leaves_no_process(tiny_model, tmp_path, repo, cli_env):
         assert time.monotonic() - t0 < 30
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)  # the launcher stops its roles
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @pytest.mark.slow
@@ -129,7 +161,11 @@ def test_killed_generator_is_restarted_and_run_finishes(tiny_model, tmp_path, re
         out, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)  # the launcher stops its roles
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["steps"] == 12 and summary["generator_restarts"] >= 1

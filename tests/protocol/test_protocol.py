@@ -58,7 +58,7 @@ EXAMPLES = [
     P.ScoredGroups(batch=batch_of(3)),
     P.Ack([("gen-0", 1), ("gen-0", 2)], ["stored", "duplicate"]),
     P.BatchRequest(1, 2, 17),
-    P.Batch(17, 1, True, 40, 8, 0.0, batch_of(2)),
+    P.Batch(17, 1, True, 40, 8, 0.0, {"buffer/produced": 12.0}, batch_of(2)),
     P.VersionAnnounce(5, "ab12", "disk", "/tmp/w/v5"),
     P.Stats("buffer", "buffer", {"occupancy": 3.0, "dropped/stale": 1.0}),
     P.Shutdown("ctrl-c"),
