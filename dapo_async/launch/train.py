@@ -28,6 +28,8 @@ from pathlib import Path
 TICK_S = 1.0
 # Lines of a failed role's log shown to the user.
 LOG_TAIL_LINES = 30
+# A generator that keeps dying is a bug, not bad luck: stop the run after this many restarts.
+MAX_GENERATOR_RESTARTS = 5
 # prctl option: signal to deliver to this process when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1
 
@@ -125,6 +127,18 @@ def stop_all(roles: list[Role], timeout_s: float) -> None:
                 pass
 
 
+def _wait_for_endpoint(run_dir: Path, name: str, role: Role, interrupted: list) -> None:
+    """Block until ``role`` publishes endpoint ``name``; fail if it dies first."""
+    while not (run_dir / "endpoints" / name).exists():
+        if role.poll() is not None:
+            raise RuntimeError(
+                f"{role.name} exited with {role.poll()} before serving {name}:\n{role.tail()}"
+            )
+        if interrupted:
+            raise KeyboardInterrupt
+        time.sleep(0.1)
+
+
 def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
     from dapo_async.tracking import read_metrics
 
@@ -211,24 +225,10 @@ def main(args: argparse.Namespace) -> int:
     rc = 0
     try:
         buffer.start()
-        while not (run_dir / "endpoints" / "buffer").exists():
-            if buffer.poll() is not None:
-                raise RuntimeError(
-                    f"buffer exited with {buffer.poll()} before serving:\n{buffer.tail()}"
-                )
-            if interrupted:
-                raise KeyboardInterrupt
-            time.sleep(0.1)
+        _wait_for_endpoint(run_dir, "buffer", buffer, interrupted)
         learner.start()
         if cfg.weight_sync.mode == "dist":
-            while not (run_dir / "endpoints" / "wsync").exists():
-                if learner.poll() is not None:
-                    raise RuntimeError(
-                        f"learner exited with {learner.poll()} before serving weights:\n{learner.tail()}"
-                    )
-                if interrupted:
-                    raise KeyboardInterrupt
-                time.sleep(0.1)
+            _wait_for_endpoint(run_dir, "wsync", learner, interrupted)
         for g in gens:
             g.start()
         last_status = 0.0
@@ -246,6 +246,10 @@ def main(args: argparse.Namespace) -> int:
                 if g.poll() is not None:
                     if not cfg.launch.allow_generator_restarts:
                         raise RuntimeError(f"{g.name} exited with {g.poll()}:\n{g.tail()}")
+                    if g.restarts >= MAX_GENERATOR_RESTARTS:
+                        raise RuntimeError(
+                            f"{g.name} died {g.restarts + 1} times; giving up:\n{g.tail()}"
+                        )
                     g.restarts += 1
                     print(
                         f"[train] {g.name} exited with {g.poll()}; restarting (restart {g.restarts})",

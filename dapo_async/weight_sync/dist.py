@@ -311,17 +311,19 @@ class DistWeightReceiver:
         receiver_id: str,
         endpoint: str | None = None,
         backend: str = "gloo",
+        connect_timeout_s: float = STORE_TIMEOUT_S,
     ):
         from dapo_async.roles import read_endpoint
 
-        ep = endpoint or read_endpoint(run_dir, "wsync")
+        ep = endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
         host, port = ep.rsplit(":", 1)
         self.id = receiver_id
         self.timeout_s = cfg.weight_sync.timeout_s
         self.backend = backend
         self.store = dist.TCPStore(
-            host, int(port), is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S)
+            host, int(port), is_master=False, timeout=timedelta(seconds=connect_timeout_s)
         )
+        self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         self.store.set(f"alive/{self.id}", str(time.time()))
         n = self.store.add("joins", 1)
         self.store.set(f"join/{n}", self.id)

@@ -98,21 +98,8 @@ def test_sigkill_of_launcher_orphans_nothing(tiny_model, tmp_path, repo, cli_env
 
 
 def test_sigint_leaves_no_process(tiny_model, tmp_path, repo, cli_env):
-    proc = subprocess.Popen(
-        train_cmd(tiny_model, tmp_path / "run", "learner.num_steps=1000"),
-        cwd=repo,
-        env=cli_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc, pids = _start_and_wait_for_training(tiny_model, tmp_path, repo, cli_env)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # wait until all roles run and training started
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            if (tmp_path / "run" / "metrics" / "learner.jsonl").exists() and len(kids) >= 3:
-                break
-            time.sleep(0.5)
-        pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         assert len(pids) >= 3
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
