@@ -49,6 +49,14 @@ class Tracker:
                 log.warning("Aim tracking disabled for %s: %s", role, e)
                 self._aim = None
 
+    @classmethod
+    def for_role(cls, cfg, role: str) -> Tracker:
+        """The tracker of one role of the run described by ``cfg`` (a RunConfig)."""
+        t = cfg.tracking
+        return cls(
+            cfg.resolved_run_dir, role, t.experiment or cfg.name, cfg.name, t.aim_repo, t.aim
+        )
+
     def track(self, values: dict[str, float], step: int) -> None:
         clean = {
             k: float(v)

@@ -55,14 +55,7 @@ def main(args: argparse.Namespace) -> int:
         keys_dir=cfg.launch.curve_keys_dir or None,
         insecure_allow_public_bind=cfg.launch.insecure_allow_public_bind,
     )
-    tracker = Tracker(
-        run_dir,
-        "buffer",
-        cfg.tracking.experiment or cfg.name,
-        cfg.name,
-        cfg.tracking.aim_repo,
-        cfg.tracking.aim,
-    )
+    tracker = Tracker.for_role(cfg, "buffer")
     t0 = time.monotonic()
     svc = BufferService(
         cfg,

@@ -89,14 +89,7 @@ def main(args: argparse.Namespace) -> int:
 
     ctx = zmq.Context()
     sock = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None)
-    tracker = Tracker(
-        run_dir,
-        gen_id,
-        cfg.tracking.experiment or cfg.name,
-        cfg.name,
-        cfg.tracking.aim_repo,
-        cfg.tracking.aim,
-    )
+    tracker = Tracker.for_role(cfg, gen_id)
     t0 = time.monotonic()
     g = cfg.generator
     loop = GeneratorLoop(

@@ -54,13 +54,6 @@ def fetch_batch(sock, step: int, rank: int, world: int, stop, log):
     return None
 
 
-def evaluate(model, tokenizer, cfg, records) -> dict[str, float]:
-    """Held-out accuracy of the current weights (same code path as `dapo-async eval`)."""
-    from dapo_async.launch.evaluation import evaluate_records
-
-    return evaluate_records(model, tokenizer, cfg, records)
-
-
 def main(args: argparse.Namespace) -> int:
     from dapo_async.config import load_config
     from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
@@ -79,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async import transport as T
     from dapo_async.buffer.main import model_dir
     from dapo_async.data.datasets import load_source
+    from dapo_async.launch.evaluation import evaluate_records
     from dapo_async.learner import checkpoint as C
     from dapo_async.learner.trainer import Trainer
     from dapo_async.tracking import Tracker
@@ -121,14 +115,7 @@ def main(args: argparse.Namespace) -> int:
     tracker = publisher = None
     eval_records = []
     if rank == 0:
-        tracker = Tracker(
-            run_dir,
-            "learner",
-            cfg.tracking.experiment or cfg.name,
-            cfg.name,
-            cfg.tracking.aim_repo,
-            cfg.tracking.aim,
-        )
+        tracker = Tracker.for_role(cfg, "learner")
         publisher = make_publisher(cfg, run_dir)
         eval_records = load_source(
             cfg.data.eval_source or cfg.data.source,
@@ -138,14 +125,13 @@ def main(args: argparse.Namespace) -> int:
             cfg.seed,
         )
         if start == 0:
-            ev = evaluate(model, tokenizer, cfg, eval_records)
+            ev = evaluate_records(model, tokenizer, cfg, eval_records)
             tracker.track(ev, 0)
             log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
             _write_json(run_dir / "eval_before.json", ev)
     t_start = time.monotonic()
     idle = 0.0
     samples_done = 0
-    step = start
     try:
         for step in range(start, cfg.learner.num_steps):
             t0 = time.monotonic()
@@ -192,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
             if rank == 0:
                 ev_every = cfg.learner.eval_every
                 if ev_every and (step + 1) % ev_every == 0 and not last:
-                    metrics.update(evaluate(model, tokenizer, cfg, eval_records))
+                    metrics.update(evaluate_records(model, tokenizer, cfg, eval_records))
                 tracker.track(metrics, trainer.version)
                 if (step + 1) % cfg.tracking.log_every == 0:
                     log.info(
@@ -206,10 +192,8 @@ def main(args: argparse.Namespace) -> int:
                         metrics["staleness/mean"],
                         metrics["learner/idle_ratio"],
                     )
-        else:
-            step = cfg.learner.num_steps
         if rank == 0 and not stop:
-            ev = evaluate(model, tokenizer, cfg, eval_records)
+            ev = evaluate_records(model, tokenizer, cfg, eval_records)
             tracker.track(ev, trainer.version)
             log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
             _write_json(run_dir / "eval_after.json", ev)

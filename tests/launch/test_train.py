@@ -36,6 +36,16 @@ def train_cmd(tiny_model, run_dir, *extra):
     ]
 
 
+def stop_launcher(proc):
+    """Cleanup after a test: SIGINT lets the launcher stop its roles; kill only if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def descendants_alive(pids):
     alive = []
     for pid in pids:
@@ -110,12 +120,7 @@ def test_sigint_leaves_no_process(tiny_model, tmp_path, repo, cli_env):
         assert descendants_alive(pids) == []
         assert time.monotonic() - t0 < 30
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # the launcher stops its roles
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_launcher(proc)
 
 
 @pytest.mark.slow
@@ -147,12 +152,7 @@ def test_killed_generator_is_restarted_and_run_finishes(tiny_model, tmp_path, re
         assert killed
         out, err = proc.communicate(timeout=400)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # the launcher stops its roles
-            try:
-                proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_launcher(proc)
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["steps"] == 12 and summary["generator_restarts"] >= 1
