@@ -15,8 +15,6 @@ from collections.abc import Callable
 # Subcommands the design names that are not built yet, with the issue that builds them.
 PLANNED = {
     "tune": ("throughput-tuning sweeps", 9),
-    "dashboard": ("start `aim up` on a run's repo", 9),
-    "report": ("write PNG plots of a finished run", 9),
 }
 
 
@@ -168,6 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="write PNG plots of a run (reward, length, staleness, …)")
+    p.add_argument("run_dir", help="the run directory (holds metrics/*.jsonl)")
+    p.add_argument("--out", default="", help="output folder; default RUN_DIR/report")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.set_defaults(func=_lazy("dapo_async.launch.report", "main"))
+
+    p = sub.add_parser("dashboard", help="serve the run's Aim repo (`aim up`) until Ctrl-C")
+    p.add_argument("run_dir", help="the run directory (or an Aim repo with --repo)")
+    p.add_argument("--repo", default="", help="Aim repo path; default RUN_DIR/aim")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    p.add_argument("--port", type=int, default=43800, help="UI port")
+    p.set_defaults(func=_lazy("dapo_async.launch.dashboard", "main"))
 
     for name, (what, issue) in PLANNED.items():
         p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})")

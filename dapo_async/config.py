@@ -85,11 +85,6 @@ class ModelConfig:
 
     def check(self, p: str) -> None:
         _choice(self.dtype, ("float32", "bfloat16"), f"{p}.dtype")
-        _need(
-            self.reference_path == "",
-            f"{p}.reference_path",
-            "a reference model is not supported yet",
-        )
 
 
 @dataclass
@@ -236,20 +231,24 @@ class AlgoConfig:
     kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).")
     kl_estimator: str = F("k3", "KL estimator: k1 | k2 | k3.")
     dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.")
+    dpo_reference: str = F(
+        "behaviour",
+        "DPO reference log-probs: behaviour (the engine's, on-policy) | model (frozen reference).",
+    )
+    track_kl_ref: bool = F(
+        False, "Load the reference model and report train/kl_ref even without a KL penalty."
+    )
     norm_len: int = F(0, "Constant divisor of seq-mean-token-sum-norm; 0 = max_tokens.")
 
     def check(self, p: str) -> None:
         _choice(self.objective, ("dapo", "grpo", "ppo_kl", "dpo"), f"{p}.objective")
         _need(
-            self.objective != "dpo",
-            f"{p}.objective",
-            "dpo is in dapo_async.algo.dpo but not wired into the learner yet",
-        )
-        _need(
-            self.kl_coef == 0,
+            self.kl_coef == 0 or self.objective == "ppo_kl",
             f"{p}.kl_coef",
-            "a KL penalty needs a reference model, which is not supported yet",
+            f"a KL penalty is part of objective 'ppo_kl', not {self.objective!r} "
+            "(set algo.track_kl_ref=true to only measure the KL)",
         )
+        _choice(self.dpo_reference, ("behaviour", "model"), f"{p}.dpo_reference")
         _need(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
         _need(self.clip_high >= 0, f"{p}.clip_high", "must be >= 0")
         _need(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 or > 1")
@@ -294,7 +293,9 @@ class LearnerConfig:
     keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
     eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
     backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
-    fsdp: bool = F(False, "Use FSDP2 instead of DDP (GPU only).")
+    fsdp: bool = F(
+        False, "Shard parameters, gradients and optimizer state with FSDP2 instead of DDP."
+    )
 
     def check(self, p: str) -> None:
         _need(self.num_steps >= 1, f"{p}.num_steps", "must be >= 1")
@@ -314,10 +315,6 @@ class LearnerConfig:
         _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
         _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
         _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
-        _need(not self.fsdp, f"{p}.fsdp", "FSDP2 is not supported yet (DDP only)")
-        _need(
-            not self.activation_checkpointing, f"{p}.activation_checkpointing", "not supported yet"
-        )
 
 
 @dataclass

@@ -53,7 +53,7 @@ class StopFlag:
         stop_seen = None
         while True:
             time.sleep(WATCHDOG_PERIOD_S)
-            if not self.stop and os.getppid() != launcher_pid:
+            if not self.stop and not _alive(launcher_pid):
                 self.stop = True
                 self.reason = "launcher died"
             if self.stop:
@@ -86,6 +86,17 @@ def write_endpoint(run_dir: str | Path, name: str, endpoint: str) -> Path:
     return d / name
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (the launcher may be a grandparent, e.g. under torchrun)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_endpoint(
     run_dir: str | Path, name: str, timeout_s: float = ENDPOINT_WAIT_S, stop: StopFlag | None = None
 ) -> str:
@@ -97,6 +108,8 @@ def read_endpoint(
             if text:
                 return text
         time.sleep(0.1)
+    if stop and stop.stop:
+        raise SystemExit(f"stopped ({stop.reason}) while waiting for endpoint {name!r}")
     raise TimeoutError(
         f"no endpoint {name!r} in {p.parent} after {timeout_s:.0f}s (is that role running?)"
     )

@@ -31,6 +31,7 @@ class Rows:
     rewards: np.ndarray  # float32 [N]
     acc: np.ndarray  # float32 [N]
     truncated: np.ndarray  # bool [N]
+    group: np.ndarray  # int64 [N]: index of the response's group within the shard
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -52,12 +53,13 @@ class MicroBatch:
     versions_BT: torch.Tensor  # long [B, T]
     rows: np.ndarray  # indices into Rows
     prox_logp_BT: torch.Tensor | None = None
+    ref_logp_BT: torch.Tensor | None = None
 
 
 def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6) -> Rows:
     prompts, responses, logps, versions = [], [], [], []
-    rewards, acc, truncated, sizes = [], [], [], []
-    for g in groups:
+    rewards, acc, truncated, sizes, group = [], [], [], [], []
+    for gi, g in enumerate(groups):
         off = 0
         sizes.append(g.num_responses)
         for i, n in enumerate(g.response_lens.tolist()):
@@ -69,6 +71,7 @@ def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6
             rewards.append(float(g.rewards[i]))
             acc.append(float(g.acc[i]))
             truncated.append(int(g.finish[i]) == FINISH_LENGTH)
+            group.append(gi)
     r = torch.tensor(rewards, dtype=torch.float64)
     adv = (
         group_advantages(r, group_index_from_sizes(sizes), norm_std=norm_std, eps=eps)
@@ -84,6 +87,24 @@ def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6
         np.asarray(rewards, np.float32),
         np.asarray(acc, np.float32),
         np.asarray(truncated, bool),
+        np.asarray(group, np.int64),
+    )
+
+
+def subset(rows: Rows, idx: np.ndarray) -> Rows:
+    """The rows at ``idx`` (in that order)."""
+    pick = np.asarray(idx, np.int64)
+    items = pick.tolist()
+    return Rows(
+        [rows.prompts[i] for i in items],
+        [rows.responses[i] for i in items],
+        [rows.behav_logprobs[i] for i in items],
+        [rows.versions[i] for i in items],
+        rows.adv[pick],
+        rows.rewards[pick],
+        rows.acc[pick],
+        rows.truncated[pick],
+        rows.group[pick],
     )
 
 

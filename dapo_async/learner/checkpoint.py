@@ -49,13 +49,16 @@ def save(
     trainer_state: dict,
     keep: int = 2,
     extra: dict | None = None,
+    state_dict: dict | None = None,
 ) -> Path:
+    """Write checkpoint ``step`` atomically; ``state_dict`` overrides the model's own weights
+    (the gathered full weights of an FSDP2-sharded model)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.is_file():

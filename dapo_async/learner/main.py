@@ -74,7 +74,8 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async.data.datasets import load_source
     from dapo_async.launch.evaluation import evaluate_records
     from dapo_async.learner import checkpoint as C
-    from dapo_async.learner.trainer import Trainer
+    from dapo_async.learner.parallel import Parallel
+    from dapo_async.learner.trainer import Trainer, needs_reference
     from dapo_async.tracking import Tracker
     from dapo_async.weight_sync.factory import make_publisher
 
@@ -93,22 +94,16 @@ def main(args: argparse.Namespace) -> int:
     ckpt_root = run_dir / "checkpoints"
     resume_from = C.latest(ckpt_root) if args.resume else None
     load_dir = str(resume_from) if resume_from else src_dir
-    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=getattr(torch, cfg.model.dtype))
+    dtype = getattr(torch, cfg.model.dtype)
+    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(src_dir)
-    ddp = None
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(model)
-    trainer = Trainer(model, cfg, tokenizer.pad_token_id, world_size=world, ddp_model=ddp)
-    start = 0
-    if resume_from is not None:
-        state = C.load_trainer_state(resume_from)
-        trainer.load_state_dict(state)
-        C.set_rng_state(state["rng"])
-        start = trainer.version
-        log.info("resumed from %s at version %d", resume_from, start)
-
+    ref_model = None
+    if needs_reference(cfg):
+        ref_dir = cfg.model.reference_path or src_dir
+        if not Path(ref_dir).is_dir():
+            raise SystemExit(f"model.reference_path: no such directory: {ref_dir!r}")
+        ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=dtype)
+        log.info("frozen reference model from %s", ref_dir)
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     ctx = zmq.Context()
     sock = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None)
@@ -124,14 +119,33 @@ def main(args: argparse.Namespace) -> int:
             cfg.data.difficulty,
             cfg.seed,
         )
-        if start == 0:
+        if resume_from is None:  # before sharding: the plain model evaluates on rank 0 alone
             ev = evaluate_records(model, tokenizer, cfg, eval_records)
             tracker.track(ev, 0)
             log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
             _write_json(run_dir / "eval_before.json", ev)
+    par = Parallel(
+        model,
+        rank,
+        world,
+        fsdp=cfg.learner.fsdp,
+        activation_checkpointing=cfg.learner.activation_checkpointing,
+    )
+    trainer = Trainer(par, cfg, tokenizer.pad_token_id, ref_model=ref_model)
+    start = 0
+    if resume_from is not None:
+        state = C.load_trainer_state(resume_from)
+        trainer.load_state_dict(state)
+        C.set_rng_state(state["rng"])
+        start = trainer.version
+        log.info("resumed from %s at version %d", resume_from, start)
+
     t_start = time.monotonic()
     idle = 0.0
     samples_done = 0
+    full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
+    (run_dir / "audit").mkdir(parents=True, exist_ok=True)
+    audit = open(run_dir / "audit" / f"trained-rank{rank}.jsonl", "a", buffering=1)
     try:
         for step in range(start, cfg.learner.num_steps):
             t0 = time.monotonic()
@@ -140,10 +154,13 @@ def main(args: argparse.Namespace) -> int:
                 break
             t_data = time.monotonic() - t0
             idle += t_data
-            metrics = trainer.step(list(reply.batch))
+            groups = list(reply.batch)
+            _audit(audit, step, groups)
+            metrics = trainer.step(groups)
             t_sync = time.monotonic()
+            full = par.full_state() if (publisher is not None or par.fsdp) else None
             if publisher is not None:
-                publisher.publish(model.state_dict(), trainer.version)
+                publisher.publish(full, trainer.version)
             metrics["time/weight_sync_s"] = time.monotonic() - t_sync
             metrics["time/wait_data_s"] = t_data
             metrics["time/step_s"] = time.monotonic() - t0
@@ -157,28 +174,29 @@ def main(args: argparse.Namespace) -> int:
             last = step + 1 == cfg.learner.num_steps
             every = cfg.learner.checkpoint_every
             if (every and (step + 1) % every == 0) or last:
+                tstate = trainer.state_dict()  # collective under FSDP2
                 path = (
                     C.save(
                         ckpt_root,
                         step + 1,
                         model,
                         src_dir,
-                        trainer.state_dict(),
+                        tstate,
                         cfg.learner.keep_checkpoints,
+                        state_dict=full,
                     )
                     if rank == 0
                     else None
                 )
-                if world > 1:
-                    import torch.distributed as dist
-
-                    dist.barrier()
+                par.barrier()
                 if rank == 0:
                     T.send(sock, P.CheckpointNotice(step, path.name))
             if rank == 0:
                 ev_every = cfg.learner.eval_every
                 if ev_every and (step + 1) % ev_every == 0 and not last:
-                    metrics.update(evaluate_records(model, tokenizer, cfg, eval_records))
+                    metrics.update(
+                        evaluate_records(_eval_model(par, full), tokenizer, cfg, eval_records)
+                    )
                 tracker.track(metrics, trainer.version)
                 if (step + 1) % cfg.tracking.log_every == 0:
                     log.info(
@@ -192,8 +210,8 @@ def main(args: argparse.Namespace) -> int:
                         metrics["staleness/mean"],
                         metrics["learner/idle_ratio"],
                     )
-        if rank == 0 and not stop:
-            ev = evaluate_records(model, tokenizer, cfg, eval_records)
+        if rank == 0 and not stop and (full is not None or not par.fsdp):
+            ev = evaluate_records(_eval_model(par, full), tokenizer, cfg, eval_records)
             tracker.track(ev, trainer.version)
             log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
             _write_json(run_dir / "eval_after.json", ev)
@@ -207,6 +225,7 @@ def main(args: argparse.Namespace) -> int:
                 },
             )
     finally:
+        audit.close()
         sock.close(linger=0)
         ctx.term()
         if tracker is not None:
@@ -219,6 +238,32 @@ def main(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
     log.info("learner stopped at version %d (%s)", trainer.version, stop.reason or "done")
     return 130 if stop else 0
+
+
+def _eval_model(par, full):
+    """The model rank 0 evaluates: the live one, or under FSDP2 an unsharded copy of ``full``."""
+    if not par.fsdp:
+        return par.model
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_config(copy.deepcopy(par.model.config))
+    m.load_state_dict(full)
+    return m
+
+
+def _audit(f, step: int, groups) -> None:
+    """One line per step received: the group ids and a checksum of each prompt (so runs can be
+    compared prompt by prompt, and a group trained twice shows up)."""
+    import zlib
+
+    line = {
+        "step": step,
+        "groups": [f"{g.generator_id}:{g.seq}" for g in groups],
+        "prompts": [zlib.crc32(g.prompt_tokens.tobytes()) for g in groups],
+    }
+    f.write(json.dumps(line) + "\n")
 
 
 def _samples(reply) -> int:

@@ -3,46 +3,50 @@
 Call order per step (every rank):
 
     rows = groups_to_rows(shard)                       advantages per group
+    split rows into K mini-batches, each into token-bounded micro-batches; pad every mini-batch
+        to the global maximum number of micro-batches with empty ones (FSDP2 forwards are collective)
     prox = forward(no grad, weights at step start)    skipped in bypass mode
+    ref  = reference forward (no grad)                 only when a reference model is loaded
     for each of K mini-batches:
         all-reduce the mini-batch's token/sequence counts (global denominators)
-        for each micro-batch: forward → loss (global token-mean) → backward (DDP syncs on the last)
-        clip grad norm → AdamW step → LR schedule
-    version += 1
+        for each micro-batch: forward → loss (global token-mean) → backward (gradients are
+            reduced on the last micro-batch only)
+        clip grad norm → AdamW step
+    LR schedule step; version += 1
 
-With DDP the gradients are averaged over ranks, so each rank's loss is multiplied by the world
-size: with global denominators the result is the gradient of the whole global batch.
+DDP and FSDP2 average gradients over ranks, so each rank's loss is multiplied by the world size:
+with global denominators the result is the gradient of the whole global batch. The online-DPO
+objective (``algo.objective=dpo``) takes the best and the worst response of every group as a
+pair and follows the same mini-batch / micro-batch / padding structure with pairs as the unit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
+from dapo_async.algo.dpo import dpo_loss, dpo_pairs
 from dapo_async.algo.entropy import entropy_from_logits
 from dapo_async.algo.losses import PolicyLossConfig, policy_loss
 from dapo_async.config import RunConfig
 from dapo_async.learner.batching import (
+    MicroBatch,
     Rows,
     collate,
     groups_to_rows,
     response_logprobs,
     split_by_tokens,
+    subset,
 )
+from dapo_async.learner.parallel import Parallel
 from dapo_async.protocol import Group
 
 
 def loss_config(cfg: RunConfig) -> PolicyLossConfig:
     a = cfg.algo
-    if a.objective == "dpo":
-        raise ValueError(
-            "algo.objective: 'dpo' is available in dapo_async.algo.dpo but not yet wired into the learner"
-        )
     return PolicyLossConfig(
         clip_low=a.clip_low,
         clip_high=a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,
@@ -60,26 +64,40 @@ def loss_config(cfg: RunConfig) -> PolicyLossConfig:
     )
 
 
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether the learner must load a frozen reference model (KL penalty or metric, DPO)."""
+    a = cfg.algo
+    return (
+        (a.objective == "ppo_kl" and a.kl_coef > 0)
+        or (a.objective == "dpo" and a.dpo_reference == "model")
+        or a.track_kl_ref
+    )
+
+
 class Trainer:
-    """Owns the model (possibly DDP-wrapped), optimizer, schedule and the policy version."""
+    """Owns the optimizer, schedule and policy version of one rank; the model lives in ``par``."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        par: Parallel,
         cfg: RunConfig,
         pad_id: int,
-        world_size: int = 1,
-        ddp_model=None,
+        ref_model: torch.nn.Module | None = None,
     ):
         self.cfg = cfg
-        self.model = model
-        self.train_model = ddp_model if ddp_model is not None else model
+        self.par = par
+        self.model = par.model
+        self.train_model = par.train_model
+        self.world_size = par.world_size
         self.pad_id = pad_id
-        self.world_size = world_size
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
         self.loss_cfg = loss_config(cfg)
         lc = cfg.learner
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
+            self.model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
         )
         warm = max(lc.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -90,7 +108,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
 
-    def _forward_logp(self, model, mb, with_entropy: bool = False):
+    def _forward_logp(self, model, mb: MicroBatch, with_entropy: bool = False):
         logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_BL).logits
         logp = response_logprobs(logits, mb, self.temperature)
         ent = None
@@ -107,55 +125,88 @@ class Trainer:
                 ent = entropy_from_logits(sel)
         return logp, ent
 
-    def _global_counts(self, local: list[float]) -> list[float]:
-        if self.world_size == 1:
-            return local
-        import torch.distributed as dist
+    def _micro_batches(self, rows: Rows, parts: list[list[np.ndarray]], unit: int = 1):
+        """Collate each mini-batch's micro-batches (given as row-index arrays), padded with empty
+        ones (``unit`` rows each) to the global maximum count, so every rank runs as many."""
+        out = []
+        for idx_list in parts:
+            mbs = [
+                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter) for idx in idx_list
+            ]
+            for _ in range(self.par.max_int(len(mbs)) - len(mbs)):
+                mbs.append(_empty_like(collate(rows, np.zeros(unit, np.int64), self.pad_id)))
+            out.append(mbs)
+        return out
 
-        t = torch.tensor(local, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
+    def _split(self, rows: Rows, part: np.ndarray) -> list[np.ndarray]:
+        if not len(part):
+            return []
+        return [
+            part[i]
+            for i in split_by_tokens(subset(rows, part), self.cfg.learner.micro_batch_tokens)
+        ]
+
+    def _no_grad_passes(self, micro: list[list[MicroBatch]]) -> None:
+        """Proximal log-probs (weights at step start) and reference log-probs, in place."""
+        need_prox = not self.loss_cfg.bypass and self.cfg.algo.objective != "dpo"
+        if not need_prox and self.ref_model is None:
+            return
+        self.model.eval()
+        with torch.no_grad():
+            for part in micro:
+                for mb in part:
+                    if need_prox:
+                        mb.prox_logp_BT, _ = self._forward_logp(self.train_model, mb)
+                    if self.ref_model is not None:
+                        mb.ref_logp_BT, _ = self._forward_logp(self.ref_model, mb)
+
+    def _optimizer_step(self) -> float:
+        lc = self.cfg.learner
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if lc.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, lc.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     # ------------------------------------------------------------------ step
 
     def step(self, groups: list[Group]) -> dict[str, float]:
         """One learner step on this rank's shard; returns metrics (this rank's view)."""
-        lc = self.cfg.learner
-        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
         rows = groups_to_rows(
             groups, norm_std=self.cfg.algo.adv_norm_std, eps=self.cfg.algo.adv_eps
         )
-        parts = self._minibatches(rows, lc.num_minibatches)
+        if self.cfg.algo.objective == "dpo":
+            metrics = self._dpo_updates(rows, t0)
+        else:
+            metrics = self._policy_updates(rows, t0)
+        self.scheduler.step()
+        self.version += 1
+        metrics.update(self._batch_stats(rows))
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
 
-        t0 = time.perf_counter()
-        micro = [
-            [collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter) for idx in part]
-            for part in parts
-        ]
-        if not self.loss_cfg.bypass:
-            self.model.eval()
-            with torch.no_grad():
-                for part in micro:
-                    for mb in part:
-                        mb.prox_logp_BT, _ = self._forward_logp(self.model, mb)
-        timings["time/proximal_s"] = time.perf_counter() - t0
-
-        agg: dict[str, list[float]] = defaultdict(list)
+    def _policy_updates(self, rows: Rows, t0: float) -> dict[str, float]:
+        k = self.cfg.learner.num_minibatches
+        parts = np.array_split(np.arange(len(rows)), k)
+        micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
+        self._no_grad_passes(micro)
+        timings = {"time/proximal_s": time.perf_counter() - t0}
+        agg: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.model.train()
         t_fb = t_opt = 0.0
         for part in micro:
             local_tokens = float(sum(mb.mask_BT.sum().item() for mb in part))
-            local_seqs = float(sum(mb.mask_BT.shape[0] for mb in part))
-            g_tokens, g_seqs = self._global_counts([local_tokens, local_seqs])
+            local_seqs = float(sum(int((mb.resp_len_B > 0).sum()) for mb in part))
+            g_tokens, g_seqs = self.par.sum_floats([local_tokens, local_seqs])
             t1 = time.perf_counter()
             for j, mb in enumerate(part):
-                last = j == len(part) - 1
-                sync = (
-                    contextlib.nullcontext()
-                    if last or not hasattr(self.train_model, "no_sync")
-                    else self.train_model.no_sync()
-                )
-                with sync:
+                with self.par.grad_sync(j == len(part) - 1):
                     logp, ent = self._forward_logp(self.train_model, mb, with_entropy=True)
                     loss, m = policy_loss(
                         logp,
@@ -166,50 +217,77 @@ class Trainer:
                         self.loss_cfg,
                         global_num_tokens=max(g_tokens, 1.0),
                         global_num_seqs=max(g_seqs, 1.0),
+                        ref_logp_BT=mb.ref_logp_BT,
                     )
                     (loss * self.world_size).backward()
                 w = mb.mask_BT.sum().item()
-                for k, v in m.items():
-                    agg[k].append((v, w))
+                for key, v in m.items():
+                    if key != "num_tokens":
+                        agg[key].append((v, w))
                 agg["loss"].append((loss.item() * g_tokens / max(w, 1.0), w))
                 if ent is not None:
                     agg["entropy"].append(((ent * mb.mask_BT).sum().item() / max(w, 1.0), w))
             t2 = time.perf_counter()
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), lc.grad_clip).item()
-                if lc.grad_clip > 0
-                else math.sqrt(
-                    sum(
-                        float(p.grad.pow(2).sum())
-                        for p in self.model.parameters()
-                        if p.grad is not None
-                    )
-                )
-            )
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            agg["grad_norm"].append((grad_norm, 1.0))
+            agg["grad_norm"].append((self._optimizer_step(), 1.0))
             t_opt += time.perf_counter() - t2
             t_fb += t2 - t1
-        self.scheduler.step()
-        self.version += 1
-        timings["time/fwd_bwd_s"] = t_fb
-        timings["time/optimizer_s"] = t_opt
-        metrics = {f"train/{k}": _weighted(v) for k, v in agg.items() if k != "num_tokens"}
+        metrics = {f"train/{key}": _weighted(v) for key, v in agg.items()}
         metrics.update(timings)
-        metrics.update(self._batch_stats(rows))
-        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["time/fwd_bwd_s"] = t_fb
+        metrics["time/optimizer_s"] = t_opt
         return metrics
 
-    def _minibatches(self, rows: Rows, k: int) -> list[list[np.ndarray]]:
-        # Split the shard into k mini-batches (by response), each into micro-batches by tokens.
-        k = max(1, min(k, len(rows)))
-        parts = np.array_split(np.arange(len(rows)), k)
-        out = []
-        for p in parts:
-            sub = split_by_tokens(_subset(rows, p), self.cfg.learner.micro_batch_tokens)
-            out.append([p[idx] for idx in sub])
-        return out
+    def _dpo_updates(self, rows: Rows, t0: float) -> dict[str, float]:
+        """Online DPO: best vs worst response of each group, K mini-batches of pairs."""
+        chosen_P, rejected_P = dpo_pairs(
+            torch.from_numpy(rows.rewards.astype(np.float64)), torch.from_numpy(rows.group)
+        )
+        pairs = np.stack([chosen_P.numpy(), rejected_P.numpy()], 1).reshape(-1, 2)
+        k = self.cfg.learner.num_minibatches
+        budget = self.cfg.learner.micro_batch_tokens
+        # A micro-batch holds whole pairs: [chosen_0, rejected_0, chosen_1, rejected_1, ...].
+        parts = [_split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
+        micro = self._micro_batches(rows, parts, unit=2)
+        self._no_grad_passes(micro)
+        timings = {"time/proximal_s": time.perf_counter() - t0}
+        beta = self.cfg.algo.dpo_beta
+        agg: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        self.model.train()
+        t_fb = t_opt = 0.0
+        for part in micro:
+            local_pairs = float(sum(int((mb.mask_BT.sum(1) > 0).sum()) // 2 for mb in part))
+            (g_pairs,) = self.par.sum_floats([local_pairs])
+            t1 = time.perf_counter()
+            for j, mb in enumerate(part):
+                with self.par.grad_sync(j == len(part) - 1):
+                    logp, _ = self._forward_logp(self.train_model, mb)
+                    ref = mb.ref_logp_BT if mb.ref_logp_BT is not None else mb.behav_logp_BT
+                    seq_B = (logp * mb.mask_BT).sum(1)
+                    ref_B = (ref * mb.mask_BT).sum(1)
+                    live = (mb.mask_BT.sum(1) > 0)[0::2]
+                    loss, m = dpo_loss(
+                        seq_B[0::2][live],
+                        seq_B[1::2][live],
+                        ref_B[0::2][live],
+                        ref_B[1::2][live],
+                        beta,
+                        global_num_pairs=max(g_pairs, 1.0),
+                    )
+                    (loss * self.world_size).backward()
+                n = float(live.sum())
+                agg["loss"].append((loss.item() * g_pairs / max(n, 1.0), n))
+                agg["dpo_margin_mean"].append((m["dpo_margin_mean"], n))
+                agg["dpo_pref_acc"].append((m["dpo_pref_acc"], n))
+            agg["dpo_num_pairs"].append((g_pairs, 1.0))
+            t2 = time.perf_counter()
+            agg["grad_norm"].append((self._optimizer_step(), 1.0))
+            t_opt += time.perf_counter() - t2
+            t_fb += t2 - t1
+        metrics = {f"train/{key}": _weighted(v) for key, v in agg.items()}
+        metrics.update(timings)
+        metrics["time/fwd_bwd_s"] = t_fb
+        metrics["time/optimizer_s"] = t_opt
+        return metrics
 
     def _batch_stats(self, rows: Rows) -> dict[str, float]:
         lens = np.array([len(r) for r in rows.responses], dtype=np.float64)
@@ -231,31 +309,51 @@ class Trainer:
             "staleness/max": float(stale.max()),
         }
 
-    def state_dict(self) -> dict:
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict | None:
+        """Optimizer, scheduler and version (on rank 0; collective under FSDP2)."""
+        opt = self.par.optimizer_state(self.optimizer)
+        if opt is None:
+            return None
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": opt,
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.par.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
 
 
-def _subset(rows: Rows, idx: np.ndarray) -> Rows:
-    pick = idx.tolist()
-    return Rows(
-        [rows.prompts[i] for i in pick],
-        [rows.responses[i] for i in pick],
-        [rows.behav_logprobs[i] for i in pick],
-        [rows.versions[i] for i in pick],
-        rows.adv[idx],
-        rows.rewards[idx],
-        rows.acc[idx],
-        rows.truncated[idx],
-    )
+def _split_pairs(rows: Rows, pairs: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Row indices of micro-batches of whole (chosen, rejected) pairs within the token budget
+    (at least one pair each)."""
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    width = 0
+    for c, r in pairs.tolist():
+        need = max(len(rows.prompts[i]) + len(rows.responses[i]) for i in (c, r))
+        w = max(width, need)
+        if cur and w * (len(cur) + 2) > max_tokens:
+            out.append(np.asarray(cur, np.int64))
+            cur, w = [], need
+        cur += [c, r]
+        width = w
+    if cur:
+        out.append(np.asarray(cur, np.int64))
+    return out
+
+
+def _empty_like(mb: MicroBatch) -> MicroBatch:
+    """A micro-batch that contributes nothing (zero mask) but runs the same collectives."""
+    mb.mask_BT = torch.zeros_like(mb.mask_BT)
+    mb.adv_BT = torch.zeros_like(mb.adv_BT)
+    mb.resp_len_B = torch.zeros_like(mb.resp_len_B)
+    mb.rows = np.zeros(0, np.int64)
+    return mb
 
 
 def _weighted(pairs: list[tuple[float, float]]) -> float:

@@ -49,7 +49,14 @@ class DiskWeightPublisher:
 
         name = f"v{version:08d}.safetensors"
         tmp = self.dir / f".{name}.tmp"
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        tensors = {}
+        seen: set[int] = set()
+        for k, v in state_dict.items():
+            t = v.detach().to("cpu").contiguous()
+            ptr = t.untyped_storage().data_ptr()
+            # tied weights (embeddings = LM head) share storage; safetensors refuses aliases
+            tensors[k] = t.clone() if ptr in seen else t
+            seen.add(ptr)
         save_file(tensors, str(tmp), metadata={"version": str(version)})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

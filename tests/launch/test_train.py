@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 FAST = [
     "learner.num_steps=4",
@@ -58,25 +59,95 @@ def descendants_alive(pids):
     return alive
 
 
-@pytest.mark.slow
-def test_train_runs_to_completion(tiny_model, tmp_path, repo, cli_env):
+# Metrics every learner step must carry (docs/metrics.md lists them all).
+LEARNER_METRICS = {
+    "train/loss",
+    "train/entropy",
+    "train/pg_clip_frac_low",
+    "train/pg_clip_frac_high",
+    "train/is_weight_mean",
+    "train/is_masked_frac",
+    "train/grad_norm",
+    "rollout/reward_mean",
+    "rollout/accuracy",
+    "rollout/response_len_mean",
+    "staleness/mean",
+    "learner/idle_ratio",
+    "learner/samples_per_s",
+    "time/wait_data_s",
+    "time/proximal_s",
+    "time/fwd_bwd_s",
+    "time/optimizer_s",
+    "time/weight_sync_s",
+}
+
+
+def read_aim_runs(aim_repo) -> dict:
+    """{role: {metric name: (steps, values)}} read back through the Aim SDK after a reindex."""
+    from aim import Repo
+
+    aim_bin = os.path.join(os.path.dirname(sys.executable), "aim")
+    subprocess.run(
+        [aim_bin, "storage", "--repo", str(aim_repo), "reindex", "-y"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    out = {}
+    for run in Repo(str(aim_repo)).iter_runs():
+        series = {}
+        for m in run.metrics():
+            steps, (values, *_rest) = m.data.items_list()
+            series[m.name] = (list(steps), list(values))
+        out[run["role"]] = series
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model, tmp_path_factory):
+    """One short main job with Aim on, shared by the tests that inspect a finished run."""
+    from conftest import REPO
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     out = subprocess.run(
-        train_cmd(tiny_model, tmp_path / "run", "--json"),
+        train_cmd(tiny_model, run, "tracking.aim=true", "--json"),
         capture_output=True,
         text=True,
-        cwd=repo,
-        env=cli_env,
+        cwd=REPO,
+        env=env,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    return run, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
+    """The main job end to end; then its Aim runs read back through the SDK, and its final
+    checkpoint loads in transformers and in vLLM's CPU build with equal greedy outputs."""
+    run, summary = finished_run
     assert summary["steps"] == 4
     assert (
         summary["heldout_accuracy_before"] is not None
         and summary["heldout_accuracy_after"] is not None
     )
-    assert (tmp_path / "run" / "config.yaml").exists()
-    assert list((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert (run / "config.yaml").exists()
+    ckpts = sorted((run / "checkpoints").glob("step-*"))
+    assert ckpts and ckpts[-1].name == "step-00000004"
+
+    runs = read_aim_runs(run / "aim")
+    assert {"buffer", "learner"} <= set(runs)
+    assert any(role.startswith("gen0-") for role in runs)  # generator ids: <name>-<uuid8>
+    learner = runs["learner"]
+    missing = LEARNER_METRICS - set(learner)
+    assert not missing, missing
+    steps, losses = learner["train/loss"]
+    assert steps == [1, 2, 3, 4] and all(v == v for v in losses)
+    assert set(learner["eval/accuracy"][0]) == {0, 4}  # before and after training
+
+    hf, vllm_texts = greedy_hf_and_vllm(ckpts[-1])
+    assert vllm_texts == hf
 
 
 def _start_and_wait_for_training(tiny_model, tmp_path, repo, cli_env):
@@ -227,3 +298,119 @@ def test_roles_started_separately(tiny_model, tmp_path, repo, cli_env):
     assert steps == [1, 2, 3, 4, 5]
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["counters"]["produced"] >= 5 * 4
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp_learner_under_torchrun(tiny_model, tmp_path, repo, cli_env):
+    """`train` with 2 learner ranks (torchrun, FSDP2, activation checkpointing): the ranks run
+    under torchrun (not children of the launcher) and still finish; the checkpoint holds the
+    gathered full weights."""
+    from transformers import AutoModelForCausalLM
+
+    extra = ["learner.num_ranks=2", "learner.fsdp=true", "learner.activation_checkpointing=true"]
+    out = subprocess.run(
+        train_cmd(tiny_model, tmp_path / "run", "learner.num_steps=3", *extra, "--json"),
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 3
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000003"
+    trained = AutoModelForCausalLM.from_pretrained(str(ckpt)).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(str(tiny_model)).state_dict()
+    assert trained.keys() == start.keys()
+    assert any(not torch.equal(trained[k], start[k]) for k in start)
+
+
+@pytest.mark.slow
+def test_report_writes_pngs(finished_run, tmp_path, repo, cli_env):
+    run, _ = finished_run
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dapo_async.cli",
+            "report",
+            str(run),
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    names = {os.path.basename(f) for f in result["files"]}
+    assert names == {
+        "reward_accuracy.png",
+        "response_length.png",
+        "staleness.png",
+        "throughput.png",
+        "idle.png",
+    }
+    for name in names:
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_report_of_a_non_run_fails_clearly(tmp_path, repo, cli_env):
+    out = subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "metrics" in out.stderr
+
+
+@pytest.mark.slow
+def test_dashboard_serves_the_repo_and_stops_its_group(finished_run, repo, cli_env):
+    import socket
+    import urllib.request
+
+    run, _ = finished_run
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(run.parent / "dashboard.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo_async.cli", "dashboard", str(run), "--port", str(port)],
+        cwd=repo,
+        env=cli_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while "Aim UI at" not in (run.parent / "dashboard.log").read_text():
+            assert proc.poll() is None, (run.parent / "dashboard.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "dashboard did not come up"
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/experiments/", timeout=10) as r:
+            experiments = json.loads(r.read())
+        assert any(e["name"] == "tiny-dapo" for e in experiments), experiments
+        server = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and str(port) in " ".join(p.info["cmdline"]) and p.pid != proc.pid
+        ]
+        assert server, "aim up not found"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        time.sleep(1)
+        assert not descendants_alive(server), "aim up outlived the dashboard"
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/experiments/", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

@@ -44,33 +44,6 @@ def test_loads_in_transformers_offline(tiny_model):
 
 
 @pytest.mark.slow
-def test_loads_in_vllm_cpu_and_matches_transformers_greedy(tiny_model, cli_env, repo):
-    from dapo_async.data.tasks import generate
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.hf_engine import HFEngine
-
-    records = generate("chain", "eval", 8, 3, 0)
-    eng = HFEngine(str(tiny_model))
-    prompts = [
-        eng.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
-        for r in records
-    ]
-    ids = [eng.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-    hf = [o[0].text for o in eng.generate(ids, SamplingParams(n=1, temperature=0.0, max_tokens=40))]
-    env = {**cli_env, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(repo / "tests" / "tiny" / "vllm_greedy.py"),
-            str(tiny_model),
-            json.dumps(prompts),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    vllm_texts = json.loads(line[len("RESULT ") :])
+def test_loads_in_vllm_cpu_and_matches_transformers_greedy(tiny_model, greedy_hf_and_vllm):
+    hf, vllm_texts = greedy_hf_and_vllm(tiny_model)
     assert vllm_texts == hf

@@ -1,0 +1,147 @@
+"""How the policy is spread over the learner ranks: one rank, DDP or FSDP2.
+
+Owns the wrapping (DDP replicates, FSDP2 ``fully_shard``s every decoder layer and then the root),
+activation checkpointing, the gradient-sync switch for micro-batch accumulation, the small
+collectives the trainer needs (sums and maxima of counts), and gathering full weights and optimizer
+state on rank 0 for checkpoints and weight sync.
+
+Under FSDP2 every forward and backward is a collective, so every rank must run the same number of
+micro-batches; the trainer pads with empty (zero-mask) micro-batches to the global maximum, which
+``max_int`` provides. Gathering full weights is collective too: every rank calls ``full_state``,
+parameter by parameter, and only rank 0 keeps the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of an HF causal LM (the FSDP2 sharding units)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+
+
+class Parallel:
+    """The training view of the model on this rank."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rank: int = 0,
+        world_size: int = 1,
+        fsdp: bool = False,
+        activation_checkpointing: bool = False,
+    ):
+        self.model = model
+        self.rank = rank
+        self.world_size = world_size
+        self.fsdp = fsdp and world_size > 1
+        if activation_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise ValueError(
+                    "learner.activation_checkpointing: the model has no gradient_checkpointing_enable"
+                )
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            if getattr(model, "config", None) is not None:
+                model.config.use_cache = False
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in decoder_layers(model):
+                fully_shard(layer)
+            fully_shard(model)
+            self.train_model = model
+        elif world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.train_model = DistributedDataParallel(model)
+        else:
+            self.train_model = model
+
+    # ------------------------------------------------------------------ gradient sync
+
+    def grad_sync(self, enabled: bool):
+        """Context for one micro-batch's backward: reduce gradients only when ``enabled``."""
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(enabled)
+            return contextlib.nullcontext()
+        if enabled or not hasattr(self.train_model, "no_sync"):
+            return contextlib.nullcontext()
+        return self.train_model.no_sync()
+
+    # ------------------------------------------------------------------ small collectives
+
+    def sum_floats(self, local: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return local
+        import torch.distributed as dist
+
+        t = torch.tensor(local, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def max_int(self, local: int) -> int:
+        if self.world_size == 1:
+            return local
+        import torch.distributed as dist
+
+        t = torch.tensor([local], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # ------------------------------------------------------------------ full state on rank 0
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Full (unsharded) weights on rank 0, None elsewhere. Collective under FSDP2."""
+        if not self.fsdp:
+            return self.model.state_dict() if self.rank == 0 else None
+        from torch.distributed.tensor import DTensor
+
+        out: dict[str, torch.Tensor] | None = {} if self.rank == 0 else None
+        for name, t in self.model.state_dict().items():
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if out is not None:
+                out[name] = full.detach().cpu()
+        return out
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """Optimizer state for a checkpoint (full on rank 0 under FSDP2; collective there)."""
+        if not self.fsdp:
+            return optimizer.state_dict() if self.rank == 0 else None
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        state = get_optimizer_state_dict(
+            self.model,
+            optimizer,
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+        )
+        return state if self.rank == 0 else None
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        if not self.fsdp:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(
+            self.model,
+            optimizer,
+            optim_state_dict=state,
+            options=StateDictOptions(full_state_dict=True),
+        )
