@@ -65,6 +65,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dapo_async.bench.buffer_bench import main as bench_main
 
         return bench_main(args)
+    if args.what == "generator":
+        from dapo_async.bench.generator_bench import main as bench_main
+
+        return bench_main(args)
+    if args.what == "weights":
+        from dapo_async.bench.weights_bench import main as bench_main
+
+        return bench_main(args)
     raise CliError(f"bench {args.what}: not built yet")
 
 
@@ -161,10 +169,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument("what", choices=["transport", "buffer"])
+    p.add_argument("what", choices=["transport", "buffer", "generator", "weights"])
     p.add_argument("--json", action="store_true", help="end with one JSON line")
-    p.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="time per measurement (transport 2, generator 3)",
+    )
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
+    p.add_argument(
+        "--rounds", type=int, default=4, help="generator: interleaved rounds; weights: repetitions"
+    )
+    p.add_argument("--bucket-mb", type=int, default=64, help="weights: flat bucket size")
+    p.add_argument("--backend", default="gloo", help="weights: gloo | nccl")
+    p.add_argument("--engine", default="", help="generator: hf | vllm (default: the config's)")
+    p.add_argument(
+        "--config", default="configs/tiny_cpu.yaml", help="generator: the run config to use"
+    )
+    p.add_argument("overrides", nargs="*", help="generator: dotted config overrides")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="write PNG plots of a run (reward, length, staleness, …)")

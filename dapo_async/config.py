@@ -132,7 +132,6 @@ class GeneratorConfig:
 
     def check(self, p: str) -> None:
         _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
-        _need(self.engine == "hf", f"{p}.engine", "the vllm engine is not built yet; use hf")
         _choice(self.logprobs_mode, ("processed", "raw"), f"{p}.logprobs_mode")
         _need(self.num_generators >= 1, f"{p}.num_generators", "must be >= 1")
         _need(self.responses_per_prompt >= 2, f"{p}.responses_per_prompt", "must be >= 2 (groups)")

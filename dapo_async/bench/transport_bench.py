@@ -107,7 +107,11 @@ def _receive(sock: zmq.Socket, mode: str) -> tuple[int, int, int, float]:
     return n_msgs, n_groups, n_bytes, time.perf_counter() - (t0 or time.perf_counter())
 
 
-def run(seconds: float = 2.0, batch: int = 32) -> dict[str, float]:
+# Seconds per measurement.
+DEFAULT_SECONDS = 2.0
+
+
+def run(seconds: float = DEFAULT_SECONDS, batch: int = 32) -> dict[str, float]:
     cases = [("raw", 1), ("protocol", 1), ("raw", batch), ("protocol", batch)]
     ctx = zmq.Context()
     server = bind_server(ctx, zmq.PULL, "127.0.0.1", 0)
@@ -155,7 +159,7 @@ def run(seconds: float = 2.0, batch: int = 32) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    res = run(seconds=args.seconds, batch=args.batch)
+    res = run(seconds=args.seconds or DEFAULT_SECONDS, batch=args.batch)
     err = sys.stderr
     print(
         f"transport bench: group = {res['responses_per_group']} responses, {res['group_bytes']} bytes; "

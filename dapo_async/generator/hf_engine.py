@@ -54,7 +54,7 @@ class HFEngine:
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy or params.top_p >= 1 else params.top_p,
-            top_k=None if greedy or params.top_k <= 0 else params.top_k,
+            top_k=0 if greedy or params.top_k <= 0 else params.top_k,  # None means 50 in HF
             max_new_tokens=params.max_tokens,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,

@@ -35,6 +35,10 @@ RESEND_S = 5.0
 LEASE_TIMEOUT_S = 5.0
 # On shutdown, wait this long for the last acks.
 FLUSH_TIMEOUT_S = 5.0
+# How long to wait for the buffer to acknowledge a hello before trying again.
+HELLO_WAIT_S = 0.5
+# Longest single wait for the lease grant before checking the stop flag again.
+LEASE_POLL_S = 0.05
 # Longest single wait while the buffer grants nothing (keeps Ctrl-C and weights responsive).
 MAX_IDLE_WAIT_S = 0.5
 
@@ -87,11 +91,14 @@ class GeneratorLoop:
         except zmq.Again:  # queue full (buffer away): the outbox resends later
             log.debug("send queue full; %s dropped for now", msg.KIND)
 
-    def pump(self, timeout_s: float = 0.0) -> None:
-        """Handle replies that arrive within ``timeout_s`` (then whatever is queued)."""
+    def pump(self, timeout_s: float = 0.0, until: Callable[[], bool] | None = None) -> None:
+        """Handle replies that arrive within ``timeout_s`` (then whatever is queued); with
+        ``until``, return as soon as it holds and the queue is empty."""
         deadline = time.monotonic() + timeout_s
         while True:
             left = max(0.0, deadline - time.monotonic())
+            if until is not None and until():
+                left = 0.0
             if not self.sock.poll(int(left * 1000)):
                 return
             try:
@@ -150,7 +157,7 @@ class GeneratorLoop:
         self._send(P.LeaseRequest(self.id, self.prompts_per_batch))
         deadline = time.monotonic() + LEASE_TIMEOUT_S
         while self._grant is None and time.monotonic() < deadline and not stop:
-            self.pump(0.05)
+            self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
         return self._grant
 
     # ------------------------------------------------------------------ main loop
@@ -161,7 +168,7 @@ class GeneratorLoop:
             self.poll_weights()
         if not self._hello_acked:
             self.hello()
-            self.pump(0.5)
+            self.pump(HELLO_WAIT_S, until=lambda: self._hello_acked)
             if not self._hello_acked:
                 return False
         self.heartbeat()

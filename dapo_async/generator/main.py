@@ -34,21 +34,13 @@ def main(args: argparse.Namespace) -> int:
 
     from dapo_async import transport as T
     from dapo_async.buffer.main import model_dir
-    from dapo_async.generator.engine import SamplingParams
     from dapo_async.generator.loop import GeneratorLoop
-    from dapo_async.reward.compose import RewardComposer
-    from dapo_async.reward.pool import RewardPool
     from dapo_async.tracking import Tracker
     from dapo_async.weight_sync.factory import make_receiver
 
     run_dir = cfg.resolved_run_dir
     engine = make_engine(cfg, model_dir(cfg))
-    composer = RewardComposer(cfg.reward)
-    pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
-
-    def score(items):
-        verdicts = pool.score_batch([(text, truth) for text, truth, _ in items])
-        return [composer.combine(v, n, v.get("tag", "")) for v, (_, _, n) in zip(verdicts, items)]
+    score, pool = make_scorer(cfg)
 
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     receiver = [make_receiver(cfg, run_dir, gen_id)]
@@ -97,14 +89,7 @@ def main(args: argparse.Namespace) -> int:
         engine,
         score,
         sock,
-        SamplingParams(
-            n=g.responses_per_prompt,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            top_k=g.top_k,
-            max_tokens=g.max_tokens,
-            logprobs_mode=g.logprobs_mode,
-        ),
+        sampling_params(cfg),
         g.prompts_per_batch,
         g.heartbeat_s,
         poll_weights=poll_weights,
@@ -127,6 +112,37 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def sampling_params(cfg):
+    """The generator's sampling parameters from the config."""
+    from dapo_async.generator.engine import SamplingParams
+
+    g = cfg.generator
+    return SamplingParams(
+        n=g.responses_per_prompt,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        max_tokens=g.max_tokens,
+        logprobs_mode=g.logprobs_mode,
+    )
+
+
+def make_scorer(cfg):
+    """(score function, reward pool): the pool runs the reward functions in isolated workers;
+    the caller closes it."""
+    from dapo_async.reward.compose import RewardComposer
+    from dapo_async.reward.pool import RewardPool
+
+    composer = RewardComposer(cfg.reward)
+    pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
+
+    def score(items):
+        verdicts = pool.score_batch([(text, truth) for text, truth, _ in items])
+        return [composer.combine(v, n, v.get("tag", "")) for v, (_, _, n) in zip(verdicts, items)]
+
+    return score, pool
+
+
 def make_engine(cfg, path: str):
     if cfg.generator.engine == "hf":
         from dapo_async.generator.hf_engine import HFEngine
@@ -134,7 +150,7 @@ def make_engine(cfg, path: str):
         return HFEngine(path, dtype=cfg.model.dtype)
     from dapo_async.generator.vllm_engine import VLLMEngine
 
-    return VLLMEngine(path, cfg)
+    return VLLMEngine(path, cfg, seed=cfg.seed)
 
 
 if __name__ == "__main__":

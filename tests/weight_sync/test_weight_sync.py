@@ -132,3 +132,51 @@ def test_disk_fallback_and_checksum(tmp_path):
     with pytest.raises(WeightSyncError, match="checksum"):
         rec.poll()
     assert rec.version == 1  # previous weights kept
+
+
+def _checked_receiver(endpoint, out):
+    """Receive v1, then report what happens to a corrupted v2 (and whether v1 is still held)."""
+    torch.set_num_threads(1)
+    from dapo_async.weight_sync.dist import DistWeightReceiver
+
+    r = DistWeightReceiver(
+        load_config(None, ["weight_sync.timeout_s=10"]), None, "c", endpoint=endpoint
+    )
+    deadline = time.time() + 120
+    results = []
+    while len(results) < 2 and time.time() < deadline:
+        try:
+            got = r.poll()
+        except WeightSyncError as e:
+            results.append(("error", str(e), r.version))
+            continue
+        if got is not None:
+            results.append(("ok", got[1], r.version))
+        time.sleep(0.02)
+    out.put(results)
+    r.close()
+
+
+def test_digest_mismatch_rejects_the_update_and_keeps_the_version(monkeypatch):
+    from dapo_async.weight_sync import dist as D
+
+    pub = _publisher()
+    out = SPAWN.Queue()
+    p = SPAWN.Process(target=_checked_receiver, args=(pub.endpoint, out))
+    p.start()
+    try:
+        _wait_joined(pub, 1)
+        pub.publish(_state(1), 1)
+        assert pub.wait_sent(1, 60)
+        # the sender now announces wrong digests: as if a bucket were corrupted in transit
+        monkeypatch.setattr(D, "digest", lambda buf: 12345)
+        pub.publish(_state(2), 2)
+        results = out.get(timeout=120)
+        p.join(30)
+    finally:
+        if p.is_alive():
+            p.kill()
+        pub.close()
+    assert results[0] == ("ok", 1, 1)
+    kind, msg, version = results[1]
+    assert kind == "error" and "checksum mismatch" in msg and version == 1

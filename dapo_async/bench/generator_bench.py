@@ -1,0 +1,164 @@
+"""`dapo-async bench generator`: what the generator loop costs on top of its engine.
+
+Same engine, same prompts, same sampling parameters, measured in one run and interleaved
+(engine, loop, engine, loop, … for ``--rounds`` rounds of ``--seconds`` each):
+
+- ``engine_tokens_per_s``: bare ``engine.generate`` on batches of ``prompts_per_batch`` prompts;
+- ``loop_tokens_per_s``: the full ``GeneratorLoop`` (lease over ZeroMQ, generate, score in the
+  isolated reward pool, pack, send, acks) against an in-process buffer stand-in on a real
+  ROUTER socket that grants and acknowledges at once;
+- ``ratio`` = loop ÷ engine (1.0 = the loop adds nothing).
+
+Defaults: the tiny CPU config (``configs/tiny_cpu.yaml``), its built-in tiny policy, ``hf``
+engine (``--engine vllm`` for vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+import zmq
+
+from dapo_async import protocol as P
+from dapo_async import transport as T
+
+# Seconds per measurement: engine batches vary in length (sampling), shorter windows are noisy.
+DEFAULT_SECONDS = 3.0
+# Upper bound of the loop's warm-up step (hello, first lease, first batch).
+LOOP_WARMUP_S = 60.0
+# How long the stand-in buffer waits for a message before checking whether to stop.
+SERVER_POLL_S = 0.05
+
+
+class InstantBuffer(threading.Thread):
+    """Grants every lease request from a fixed prompt list and acks every group at once."""
+
+    def __init__(self, ctx: zmq.Context, prompts: list[list[int]], truths: list[str]):
+        super().__init__(daemon=True)
+        self.server = T.bind_server(ctx, zmq.ROUTER, "127.0.0.1", 0)
+        self.prompts, self.truths = prompts, truths
+        self.stop = False
+        self.next = 0
+
+    def run(self) -> None:
+        sock = self.server.socket
+        while not self.stop:
+            try:
+                ident, msg = T.recv_routed(sock, timeout_s=SERVER_POLL_S)
+            except T.RecvTimeout:
+                continue
+            if isinstance(msg, P.Hello):
+                T.send_routed(sock, ident, P.Ack([], []))
+            elif isinstance(msg, P.LeaseRequest):
+                idx = [(self.next + i) % len(self.prompts) for i in range(msg.num_prompts)]
+                self.next += msg.num_prompts
+                T.send_routed(
+                    sock,
+                    ident,
+                    P.LeaseGrant(
+                        list(range(self.next - len(idx), self.next)),
+                        [self.prompts[i] for i in idx],
+                        [self.truths[i] for i in idx],
+                        ["bench"] * len(idx),
+                        0,
+                    ),
+                )
+            elif isinstance(msg, P.ScoredGroups):
+                gids = [(str(g), int(s)) for g, s in msg.batch.group_ids()]
+                T.send_routed(sock, ident, P.Ack(gids, ["stored"] * len(gids)))
+        self.server.close()
+
+
+class _Deadline:
+    """A stop flag that turns true at a deadline (the loop's ``run(stop)`` protocol)."""
+
+    def __init__(self, seconds: float):
+        self.t = time.monotonic() + seconds
+
+    def __bool__(self) -> bool:
+        return time.monotonic() >= self.t
+
+
+def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
+    from dapo_async.buffer.main import model_dir
+    from dapo_async.data.datasets import PromptEncoder, load_source
+    from dapo_async.generator.loop import GeneratorLoop
+    from dapo_async.generator.main import make_engine, make_scorer, sampling_params
+
+    path = model_dir(cfg)
+    engine = make_engine(cfg, path)
+    enc = PromptEncoder(path)
+    records = load_source(cfg.data.source, "train", 256, cfg.data.difficulty, cfg.seed)
+    prompts = [enc.encode(r.messages) for r in records]
+    truths = [r.ground_truth for r in records]
+    params = sampling_params(cfg)
+    bsz = cfg.generator.prompts_per_batch
+    score, pool = make_scorer(cfg)
+    ctx = zmq.Context()
+    buf = InstantBuffer(ctx, prompts, truths)
+    buf.start()
+    sock = T.connect_client(ctx, zmq.DEALER, buf.server.endpoint)
+    loop = GeneratorLoop("bench", engine, score, sock, params, bsz, engine_name=engine_name)
+    engine.generate(prompts[:bsz], params)  # warm-up (first-call costs)
+    while not loop.step(_Deadline(LOOP_WARMUP_S)):  # hello acked, first batch through
+        pass
+    eng_tokens = eng_time = loop_tokens = loop_time = 0.0
+    i = 0
+    try:
+        for _ in range(rounds):
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                batch = [prompts[(i + k) % len(prompts)] for k in range(bsz)]
+                i += bsz
+                outs = engine.generate(batch, params)
+                eng_tokens += sum(len(c.tokens) for per in outs for c in per)
+            eng_time += time.monotonic() - t0
+            before = loop.counters["tokens"]
+            t0 = time.monotonic()
+            stop = _Deadline(seconds)
+            while not stop:
+                loop.step(stop)
+            loop_time += time.monotonic() - t0
+            loop_tokens += loop.counters["tokens"] - before
+        loop.flush()
+    finally:
+        buf.stop = True
+        buf.join(5)
+        sock.close(linger=0)
+        ctx.term()
+        pool.close()
+        engine.close()
+    e = eng_tokens / max(eng_time, 1e-9)
+    lp = loop_tokens / max(loop_time, 1e-9)
+    return {
+        "engine": engine_name,
+        "prompts_per_batch": bsz,
+        "responses_per_prompt": cfg.generator.responses_per_prompt,
+        "engine_tokens_per_s": e,
+        "loop_tokens_per_s": lp,
+        "ratio": lp / max(e, 1e-9),
+        "groups_acked": loop.counters["groups_acked"],
+        "seconds": eng_time + loop_time,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import load_config
+    from dapo_async.roles import set_threads
+
+    overrides = [f"generator.engine={args.engine}"] if args.engine else []
+    cfg = load_config(args.config, overrides + list(args.overrides))
+    set_threads(cfg.launch.torch_threads)
+    res = run(cfg, cfg.generator.engine, args.seconds or DEFAULT_SECONDS, args.rounds)
+    print(
+        f"engine {res['engine']}: bare {res['engine_tokens_per_s']:.0f} tok/s, "
+        f"loop {res['loop_tokens_per_s']:.0f} tok/s, ratio {res['ratio']:.3f}",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(res))
+    return 0

