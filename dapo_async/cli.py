@@ -69,6 +69,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dapo_async.bench.generator_bench import main as bench_main
 
         return bench_main(args)
+    if args.what == "async":
+        from dapo_async.bench.async_bench import main as bench_main
+
+        return bench_main(args)
     if args.what == "weights":
         from dapo_async.bench.weights_bench import main as bench_main
 
@@ -169,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument("what", choices=["transport", "buffer", "generator", "weights"])
+    p.add_argument("what", choices=["transport", "buffer", "generator", "weights", "async"])
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument(
         "--seconds",
@@ -183,11 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bucket-mb", type=int, default=64, help="weights: flat bucket size")
     p.add_argument("--backend", default="gloo", help="weights: gloo | nccl")
+    p.add_argument("--steps", type=int, default=24, help="async: learner steps per run")
+    p.add_argument("--staleness", type=int, default=2, help="async: max_staleness of the async run")
+    p.add_argument("--out", default="", help="async: folder for the two run directories")
     p.add_argument("--engine", default="", help="generator: hf | vllm (default: the config's)")
     p.add_argument(
-        "--config", default="configs/tiny_cpu.yaml", help="generator: the run config to use"
+        "--config", default="configs/tiny_cpu.yaml", help="generator, async: the run config"
     )
-    p.add_argument("overrides", nargs="*", help="generator: dotted config overrides")
+    p.add_argument("overrides", nargs="*", help="generator, async: dotted config overrides")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="write PNG plots of a run (reward, length, staleness, …)")

@@ -322,9 +322,23 @@ class WeightSyncConfig:
     bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.")
     timeout_s: float = F(60.0, "Timeout of every weight-sync collective.")
     port: int = F(0, "TCPStore port hosted by learner rank 0; 0 = pick a free port.")
+    backend: str = F(
+        "auto", "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo)."
+    )
+    endpoint: str = F(
+        "",
+        "host:port of learner rank 0's weight-sync store, for generators on other hosts; "
+        "empty = read <run_dir>/endpoints/wsync.",
+    )
+    allow_unauthenticated_network: bool = F(
+        False,
+        "dist mode binds launch.host beyond loopback only with this set: the torch.distributed "
+        "store and group have no authentication (use a private network, or mode=disk).",
+    )
 
     def check(self, p: str) -> None:
         _choice(self.mode, ("dist", "disk"), f"{p}.mode")
+        _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
         _need(self.bucket_mb >= 1, f"{p}.bucket_mb", "must be >= 1")
         _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
         _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")

@@ -426,6 +426,9 @@ class LeaseGrant(Message):
     data_sources: list[str]
     version: int
     wait_s: float = 0.0
+    # Generate these prompts with weights of at least this version (the staleness bound);
+    # -1 = any.
+    min_version: int = -1
 
 
 @dataclass

@@ -80,3 +80,19 @@ def greedy_hf_and_vllm(cli_env):
         return hf, json.loads(line[len("RESULT ") :])
 
     return run
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests run only where torch sees an NVIDIA GPU (tools/gpu_check.sh)."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

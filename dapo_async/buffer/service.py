@@ -141,6 +141,7 @@ class BufferService:
                 data_sources=[r.data_source for r in recs],
                 version=s.version,
                 wait_s=0.0 if leases else RETRY_WAIT_S,
+                min_version=max(0, s.version - self.cfg.buffer.max_staleness),
             )
         if isinstance(msg, P.ScoredGroups):
             names = msg.batch.component_names

@@ -127,7 +127,11 @@ class BufferState:
 
     def admissible(self) -> int:
         """How many more prompts may be leased now (admission rule and memory bound)."""
-        by_staleness = self.capacity - self.counters.qualified - len(self.leases)
+        # qualified groups dropped later (stale at assembly, rolled back on resume) no longer
+        # count: otherwise a run whose generator lagged one version would starve forever
+        d = self.counters.dropped
+        usable = self.counters.qualified - d.get("stale", 0) - d.get("rolled_back", 0)
+        by_staleness = self.capacity - usable - len(self.leases)
         by_memory = self.cfg.max_buffered_groups - len(self.groups) - len(self.leases)
         return max(0, min(by_staleness, by_memory))
 

@@ -35,6 +35,10 @@ RESEND_S = 5.0
 LEASE_TIMEOUT_S = 5.0
 # On shutdown, wait this long for the last acks.
 FLUSH_TIMEOUT_S = 5.0
+# How long a generator waits for the weights a lease asks for before generating anyway, and how
+# often it polls for them meanwhile.
+WEIGHTS_WAIT_S = 60.0
+WEIGHTS_POLL_S = 0.01
 # How long to wait for the buffer to acknowledge a hello before trying again.
 HELLO_WAIT_S = 0.5
 # Longest single wait for the lease grant before checking the stop flag again.
@@ -180,6 +184,7 @@ class GeneratorLoop:
             self.pump(wait)
             self.time_idle += time.monotonic() - t_wait
             return False
+        self._await_weights(grant.min_version, stop)
         self.time_idle += time.monotonic() - t_wait
         t0 = time.monotonic()
         version = self.engine.version
@@ -229,6 +234,23 @@ class GeneratorLoop:
                 }
             )
         return True
+
+    def _await_weights(self, min_version: int, stop) -> None:
+        """Before generating for a lease, wait (bounded) for weights the staleness bound allows:
+        tokens from older weights would only be dropped as stale by the buffer."""
+        if self.poll_weights is None or self.engine.version >= min_version:
+            return
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        while self.engine.version < min_version and time.monotonic() < deadline and not stop:
+            self.poll_weights()
+            self.heartbeat()
+            self.pump(WEIGHTS_POLL_S)
+        if self.engine.version < min_version:
+            log.warning(
+                "generating with weights v%d although the buffer asks for v%d or newer",
+                self.engine.version,
+                min_version,
+            )
 
     def run(self, stop) -> dict:
         self.hello()

@@ -25,7 +25,8 @@ def evaluate_records(
     g = cfg.generator
     greedy = g.eval_temperature == 0
     k = 1 if greedy else (k or 4)
-    engine = HFEngine("", model=model, tokenizer=tokenizer)
+    device = next(model.parameters()).device  # evaluate where the model lives
+    engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
     composer = RewardComposer(cfg.reward)
     params = SamplingParams(
         n=k,

@@ -55,6 +55,15 @@ class MicroBatch:
     prox_logp_BT: torch.Tensor | None = None
     ref_logp_BT: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """Move every tensor to ``device`` (in place; returns self)."""
+        if device.type == "cpu":
+            return self
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device, non_blocking=True))
+        return self
+
 
 def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6) -> Rows:
     prompts, responses, logps, versions = [], [], [], []
@@ -160,7 +169,7 @@ def response_logprobs(
 ) -> torch.Tensor:
     """log π(response token) as [B, T] (zeros past each response's end)."""
     b, t = mb.mask_BT.shape
-    pos_BT = mb.resp_start_B[:, None] - 1 + torch.arange(t)[None, :]
+    pos_BT = mb.resp_start_B[:, None] - 1 + torch.arange(t, device=mb.resp_start_B.device)[None, :]
     pos_BT = pos_BT.clamp(max=logits_BLV.shape[1] - 1)
     tok_pos_BT = (pos_BT + 1).clamp(max=mb.input_ids_BL.shape[1] - 1)
     logits_BTV = logits_BLV.gather(1, pos_BT[..., None].expand(b, t, logits_BLV.shape[-1]))
@@ -170,5 +179,5 @@ def response_logprobs(
     logp_BT = (
         torch.log_softmax(logits_BTV.float(), -1).gather(-1, targets_BT[..., None]).squeeze(-1)
     )
-    valid_BT = torch.arange(t)[None, :] < mb.resp_len_B[:, None]
+    valid_BT = torch.arange(t, device=logp_BT.device)[None, :] < mb.resp_len_B[:, None]
     return torch.where(valid_BT, logp_BT, torch.zeros_like(logp_BT))

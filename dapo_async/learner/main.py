@@ -95,14 +95,19 @@ def main(args: argparse.Namespace) -> int:
     resume_from = C.latest(ckpt_root) if args.resume else None
     load_dir = str(resume_from) if resume_from else src_dir
     dtype = getattr(torch, cfg.model.dtype)
-    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(src_dir)
     ref_model = None
     if needs_reference(cfg):
         ref_dir = cfg.model.reference_path or src_dir
         if not Path(ref_dir).is_dir():
             raise SystemExit(f"model.reference_path: no such directory: {ref_dir!r}")
-        ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=dtype)
+        ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=dtype).to(device)
         log.info("frozen reference model from %s", ref_dir)
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     ctx = zmq.Context()

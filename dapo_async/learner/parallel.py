@@ -35,6 +35,8 @@ class Parallel:
         activation_checkpointing: bool = False,
     ):
         self.model = model
+        # collectives of counts run where the model lives (NCCL needs CUDA tensors)
+        self.device = next(model.parameters()).device
         self.rank = rank
         self.world_size = world_size
         self.fsdp = fsdp and world_size > 1
@@ -58,7 +60,8 @@ class Parallel:
         elif world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.train_model = DistributedDataParallel(model)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DistributedDataParallel(model, device_ids=ids)
         else:
             self.train_model = model
 
@@ -80,16 +83,16 @@ class Parallel:
             return local
         import torch.distributed as dist
 
-        t = torch.tensor(local, dtype=torch.float64)
+        t = torch.tensor(local, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
-        return t.tolist()
+        return t.cpu().tolist()
 
     def max_int(self, local: int) -> int:
         if self.world_size == 1:
             return local
         import torch.distributed as dist
 
-        t = torch.tensor([local], dtype=torch.int64)
+        t = torch.tensor([local], dtype=torch.int64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 

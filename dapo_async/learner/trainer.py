@@ -105,19 +105,22 @@ class Trainer:
         )
         self.version = 0
         self.temperature = cfg.generator.temperature
+        self.device = next(self.model.parameters()).device
+        # bf16 autocast on GPUs (parameters and optimizer state stay fp32); fp32 on CPUs
+        self.autocast = self.device.type == "cuda" and cfg.model.dtype == "float32"
 
     # ------------------------------------------------------------------ helpers
 
     def _forward_logp(self, model, mb: MicroBatch, with_entropy: bool = False):
-        logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_BL).logits
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+            logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_BL).logits
         logp = response_logprobs(logits, mb, self.temperature)
         ent = None
         if with_entropy:
             with torch.no_grad():
                 t = mb.mask_BT.shape[1]
-                pos = (mb.resp_start_B[:, None] - 1 + torch.arange(t)[None, :]).clamp(
-                    max=logits.shape[1] - 1
-                )
+                ar = torch.arange(t, device=logits.device)
+                pos = (mb.resp_start_B[:, None] - 1 + ar[None, :]).clamp(max=logits.shape[1] - 1)
                 sel = (
                     logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))
                     / self.temperature

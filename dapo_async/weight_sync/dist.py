@@ -86,14 +86,15 @@ class FlatBuckets:
         self.buffers = [torch.empty(n, dtype=dt, device=device) for n, dt in zip(sizes, dtypes)]
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> FlatBuckets:
+    def from_manifest(cls, manifest: dict, device="cpu") -> FlatBuckets:
         fb = cls.__new__(cls)
         fb.layout = [
             (n, b, off, tuple(shape), getattr(torch, dt))
             for n, b, off, shape, dt in manifest["tensors"]
         ]
         fb.buffers = [
-            torch.empty(int(n), dtype=getattr(torch, dt)) for n, dt in manifest["buckets"]
+            torch.empty(int(n), dtype=getattr(torch, dt), device=device)
+            for n, dt in manifest["buckets"]
         ]
         return fb
 
@@ -135,6 +136,30 @@ def digest(buf: torch.Tensor) -> int:
     return int(((w * idx).sum() * 0x9E3779B1 + w.sum()).item()) & ((1 << 63) - 1)
 
 
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _device(backend: str) -> str:
+    """NCCL moves CUDA tensors (this process's current device); gloo moves CPU tensors."""
+    if backend == "nccl":
+        return f"cuda:{torch.cuda.current_device()}"
+    return "cpu"
+
+
+def default_backend() -> str:
+    """NCCL where this process has a GPU, gloo otherwise (both ends must agree: a mixed
+    CPU/GPU deployment sets ``weight_sync.backend`` explicitly, or uses ``mode=disk``)."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def _group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: str):
     prefix = dist.PrefixStore(f"wsync/{epoch}", store)
     if backend == "nccl":
@@ -156,10 +181,18 @@ class DistWeightPublisher:
         from dapo_async.roles import write_endpoint
 
         self.host = host or cfg.launch.host
+        if not _is_loopback(self.host) and not cfg.weight_sync.allow_unauthenticated_network:
+            raise WeightSyncError(
+                f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
+                f"{self.host!r}, and torch.distributed has no authentication. Keep it on a private "
+                "network and set weight_sync.allow_unauthenticated_network=true, or use "
+                "weight_sync.mode=disk on a shared filesystem."
+            )
         self.port = port if port is not None else (cfg.weight_sync.port or _free_port(self.host))
         self.timeout_s = cfg.weight_sync.timeout_s
         self.bucket_bytes = cfg.weight_sync.bucket_mb << 20
         self.backend = backend
+        self.device = _device(backend)
         self.store = dist.TCPStore(
             self.host,
             self.port,
@@ -195,8 +228,8 @@ class DistWeightPublisher:
         with self._cv:
             if self.staged is None:
                 shapes = [(k, v.shape, v.dtype) for k, v in state_dict.items()]
-                self.staged = FlatBuckets(shapes, self.bucket_bytes)
-                self.buckets = FlatBuckets(shapes, self.bucket_bytes)
+                self.staged = FlatBuckets(shapes, self.bucket_bytes, self.device)
+                self.buckets = FlatBuckets(shapes, self.bucket_bytes, self.device)
             self.staged.pack(state_dict)
             self.staged_version = version
             self._cv.notify()
@@ -338,11 +371,16 @@ class DistWeightReceiver:
     ):
         from dapo_async.roles import read_endpoint
 
-        ep = endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
+        ep = (
+            endpoint
+            or cfg.weight_sync.endpoint
+            or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
+        )
         host, port = ep.rsplit(":", 1)
         self.id = receiver_id
         self.timeout_s = cfg.weight_sync.timeout_s
         self.backend = backend
+        self.device = _device(backend)
         self.store = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=connect_timeout_s)
         )
@@ -412,7 +450,7 @@ class DistWeightReceiver:
             if not (off >= 0 and off + int(torch.Size(shape).numel()) <= int(size)):
                 raise WeightSyncError(f"weight-sync manifest places {n} outside its bucket")
         if self.buckets is None or [tuple(x) for x in self.buckets.layout] != want:
-            self.buckets = FlatBuckets.from_manifest(manifest)
+            self.buckets = FlatBuckets.from_manifest(manifest, self.device)
 
     def close(self) -> None:
         if self.pg is not None:

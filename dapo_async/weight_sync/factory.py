@@ -27,7 +27,7 @@ def make_publisher(cfg, run_dir: Path):
         return _DiskPublisher(weights_dir(run_dir))
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
-    return DistWeightPublisher(cfg, run_dir)
+    return DistWeightPublisher(cfg, run_dir, backend=backend(cfg))
 
 
 def make_receiver(cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float = 30.0):
@@ -37,4 +37,15 @@ def make_receiver(cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float
         return DiskWeightReceiver(weights_dir(run_dir), receiver_id)
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
-    return DistWeightReceiver(cfg, run_dir, receiver_id, connect_timeout_s=connect_timeout_s)
+    return DistWeightReceiver(
+        cfg, run_dir, receiver_id, backend=backend(cfg), connect_timeout_s=connect_timeout_s
+    )
+
+
+def backend(cfg) -> str:
+    """``weight_sync.backend``, with auto = NCCL where this process has a GPU, else gloo."""
+    if cfg.weight_sync.backend != "auto":
+        return cfg.weight_sync.backend
+    from dapo_async.weight_sync.dist import default_backend
+
+    return default_backend()

@@ -33,6 +33,32 @@ def test_synchronous_when_max_staleness_zero():
     assert len(s.grant("g", 5)) == 2
 
 
+def test_groups_dropped_as_stale_free_admission():
+    """Synchronous mode: a group made by the previous weights is dropped at assembly, and its
+    slot must be leased again (counting it as qualified starved the learner forever)."""
+    s = state(groups_per_step=2, max_staleness=0)
+    a, b = s.grant("g", 2)
+    s.ingest(group("g", 0, a.lease_id))
+    s.ingest(group("g", 1, b.lease_id))
+    assert s.batch(0, 0, 1) is not None
+    s.advance(1, 0, 1)
+    c, d = s.grant("g", 2)
+    s.ingest(group("g", 2, c.lease_id, version=0))  # generated before weights v1 arrived
+    s.ingest(group("g", 3, d.lease_id, version=1))
+    assert s.batch(1, 0, 1) is None  # one fresh group only: the stale one is dropped
+    assert s.counters.dropped["stale"] == 1
+    (e,) = s.grant("g", 2)  # exactly one replacement may be leased
+    s.ingest(group("g", 4, e.lease_id, version=1))
+    assert s.batch(1, 0, 1) is not None
+
+
+def test_lease_grant_carries_the_oldest_allowed_version():
+    from dapo_async import protocol as P
+
+    g = P.decode(P.encode(P.LeaseGrant([1], [[1, 2]], ["3"], ["x"], 5, 0.0, min_version=4)))
+    assert g.min_version == 4
+
+
 def test_dedupe_unknown_lease_and_unknown_generator():
     s = state()
     (ls,) = s.grant("g", 1)

@@ -180,3 +180,11 @@ def test_digest_mismatch_rejects_the_update_and_keeps_the_version(monkeypatch):
     assert results[0] == ("ok", 1, 1)
     kind, msg, version = results[1]
     assert kind == "error" and "checksum mismatch" in msg and version == 1
+
+
+def test_public_bind_needs_explicit_opt_in():
+    from dapo_async.weight_sync.dist import DistWeightPublisher
+
+    cfg = load_config(None, [])
+    with pytest.raises(WeightSyncError, match="allow_unauthenticated_network"):
+        DistWeightPublisher(cfg, None, host="0.0.0.0")
