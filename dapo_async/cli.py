@@ -13,9 +13,7 @@ import sys
 from collections.abc import Callable
 
 # Subcommands the design names that are not built yet, with the issue that builds them.
-PLANNED = {
-    "tune": ("throughput-tuning sweeps", 9),
-}
+PLANNED: dict[str, tuple[str, int]] = {}
 
 
 class CliError(Exception):
@@ -196,6 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("overrides", nargs="*", help="generator, async: dotted config overrides")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("tune", help="throughput sweep: one short training run per grid point")
+    _add_config_args(p)
+    p.add_argument(
+        "--grid", action="append", default=[], help="KEY=V1,V2,... (repeat for a product grid)"
+    )
+    p.add_argument("--steps", type=int, default=8, help="learner steps per point")
+    p.add_argument("--out", default="", help="folder for the runs (default: a temp folder)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.set_defaults(func=_lazy("dapo_async.bench.tune", "main"))
 
     p = sub.add_parser("report", help="write PNG plots of a run (reward, length, staleness, …)")
     p.add_argument("run_dir", help="the run directory (holds metrics/*.jsonl)")

@@ -172,7 +172,8 @@ class BufferService:
                 return P.Batch(msg.step, msg.rank, False, wait_s=1.0)
             self._log("batch", [msg.step, msg.rank, msg.world_size])
             if res is None:
-                return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S)
+                # counters ride along so a starving learner can say why it waits
+                return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats())
             batch, tokens, num_groups = res
             return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch)
         if isinstance(msg, P.CheckpointNotice):

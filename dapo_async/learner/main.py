@@ -19,6 +19,8 @@ from pathlib import Path
 
 # Ask the buffer again after this long when it does not answer (it may be restarting).
 BATCH_REQUEST_TIMEOUT_S = 10.0
+# Warn (and repeat every so often) when one step has waited this long for its data.
+STALL_WARN_S = 60.0
 
 
 def _dist_env() -> tuple[int, int]:
@@ -30,7 +32,13 @@ def fetch_batch(sock, step: int, rank: int, world: int, stop, log):
     from dapo_async import protocol as P
     from dapo_async import transport as T
 
+    t_start = time.monotonic()
+    next_warning = t_start + STALL_WARN_S
+    last_stats: dict = {}
     while not stop:
+        if time.monotonic() >= next_warning:
+            log.warning(stall_message(step, time.monotonic() - t_start, last_stats))
+            next_warning += STALL_WARN_S
         T.send(sock, P.BatchRequest(rank, world, step))
         deadline = time.monotonic() + BATCH_REQUEST_TIMEOUT_S
         reply = None
@@ -50,8 +58,30 @@ def fetch_batch(sock, step: int, rank: int, world: int, stop, log):
             continue
         if reply.ready:
             return reply
+        last_stats = reply.stats or last_stats
         time.sleep(reply.wait_s)
     return None
+
+
+def stall_message(step: int, waited_s: float, stats: dict) -> str:
+    """Why a step may be starving, from the buffer's counters."""
+    produced = int(stats.get("buffer/produced", 0))
+    filtered = int(stats.get("buffer/dropped_filtered", 0))
+    stale = int(stats.get("buffer/dropped_stale", 0))
+    msg = (
+        f"step {step} has waited {waited_s:.0f}s for data: the buffer has {produced} groups "
+        f"produced, {filtered} dropped by dynamic sampling, {stale} dropped as stale, "
+        f"{int(stats.get('buffer/ready', 0))} ready"
+    )
+    if produced and filtered / produced > 0.8:
+        msg += (
+            ". Almost every group is all-correct or all-wrong (the policy may have collapsed or "
+            "saturated): consider buffer.min_group_acc/max_group_acc, more responses per prompt, "
+            "or harder/easier data"
+        )
+    elif not produced:
+        msg += ". No generator has delivered anything: are generators running and connected?"
+    return msg
 
 
 def main(args: argparse.Namespace) -> int:

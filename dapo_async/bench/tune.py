@@ -1,0 +1,70 @@
+"""`dapo-async tune CONFIG --grid KEY=V1,V2 [--grid ...] [overrides]`: a throughput-tuning sweep.
+
+Runs one short training job (`dapo-async train`) per point of the grid (the product of every
+``--grid``), measures each with the same steady-state figures as `bench async` (learner samples/s
+and idle ratio after the first ``1 + max_staleness`` steps), prints a table sorted by samples/s and,
+with ``--json``, one JSON line ``{"best": {...}, "results": [...]}``. Points that fail are listed
+with their error and do not stop the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from dapo_async.bench.async_bench import run_job
+
+
+def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
+    grid = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        vals = [v for v in values.split(",") if v != ""]
+        if not sep or not key or not vals:
+            raise SystemExit(f"tune: --grid wants KEY=V1,V2,..., got {item!r}")
+        grid.append((key, vals))
+    return grid
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import ConfigError, load_config
+
+    grid = parse_grid(args.grid)
+    if not grid:
+        raise SystemExit("tune: give at least one --grid KEY=V1,V2")
+    points = [
+        dict(zip([k for k, _ in grid], combo)) for combo in itertools.product(*[v for _, v in grid])
+    ]
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-tune-"))
+    base = [f"learner.num_steps={args.steps}", "tracking.aim=false", *args.overrides]
+    results = []
+    for i, point in enumerate(points):
+        overrides = [*base, *(f"{k}={v}" for k, v in point.items())]
+        try:
+            cfg = load_config(args.config, overrides)  # fail fast on a bad key or value
+        except ConfigError as e:
+            results.append({"point": point, "error": str(e)})
+            continue
+        skip = 1 + cfg.buffer.max_staleness
+        print(f"[tune] {i + 1}/{len(points)} {point}", file=sys.stderr, flush=True)
+        try:
+            res = run_job(args.config, overrides, root / f"point-{i:03d}", skip)
+            results.append({"point": point, **res})
+        except Exception as e:  # one bad point does not end the sweep
+            results.append({"point": point, "error": str(e).splitlines()[0][:300]})
+    ok = sorted((r for r in results if "error" not in r), key=lambda r: -r["samples_per_s"])
+    for r in ok:
+        print(
+            f"{r['samples_per_s']:8.1f} samples/s  learner idle {r['learner_idle']:.2f}  {r['point']}",
+            file=sys.stderr,
+        )
+    for r in results:
+        if "error" in r:
+            print(f"  failed: {r['point']}: {r['error']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"best": ok[0] if ok else None, "results": results}))
+    return 0 if ok else 1
