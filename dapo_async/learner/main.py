@@ -193,9 +193,25 @@ def main(args: argparse.Namespace) -> int:
             _audit(audit, step, groups)
             metrics = trainer.step(groups)
             t_sync = time.monotonic()
-            full = par.full_state() if (publisher is not None or par.fsdp) else None
-            if publisher is not None:
-                publisher.publish(full, trainer.version)
+            last = step + 1 == cfg.learner.num_steps
+            every = cfg.learner.checkpoint_every
+            ckpt_now = bool(every and (step + 1) % every == 0) or last
+            ev_every = cfg.learner.eval_every
+            eval_now = bool(ev_every and (step + 1) % ev_every == 0) or last
+            if par.fsdp:
+                # every rank takes part in each gather; the weight sync streams them into its
+                # buckets one tensor at a time, checkpoints and evaluation need the full dict
+                items = par.iter_full_state()
+                if publisher is not None:
+                    publisher.publish_stream(par.full_shapes(), items, trainer.version)
+                else:
+                    for _ in items:
+                        pass
+                full = par.full_state() if (ckpt_now or eval_now) else None
+            else:
+                full = par.full_state()
+                if publisher is not None:
+                    publisher.publish(full, trainer.version)
             metrics["time/weight_sync_s"] = time.monotonic() - t_sync
             metrics["time/wait_data_s"] = t_data
             metrics["time/step_s"] = time.monotonic() - t0
@@ -206,9 +222,7 @@ def main(args: argparse.Namespace) -> int:
             metrics["learner/version"] = float(trainer.version)
             metrics.update(reply.stats)  # the buffer's counters as of this step
             metrics["learner/tokens_trained"] = float(reply.global_num_tokens)
-            last = step + 1 == cfg.learner.num_steps
-            every = cfg.learner.checkpoint_every
-            if (every and (step + 1) % every == 0) or last:
+            if ckpt_now:
                 tstate = trainer.state_dict()  # collective under FSDP2
                 path = (
                     C.save(
@@ -227,8 +241,7 @@ def main(args: argparse.Namespace) -> int:
                 if rank == 0:
                     T.send(sock, P.CheckpointNotice(step, path.name))
             if rank == 0:
-                ev_every = cfg.learner.eval_every
-                if ev_every and (step + 1) % ev_every == 0 and not last:
+                if eval_now and not last:
                     metrics.update(
                         evaluate_records(_eval_model(par, full), tokenizer, cfg, eval_records)
                     )

@@ -104,6 +104,19 @@ class Parallel:
 
     # ------------------------------------------------------------------ full state on rank 0
 
+    def full_shapes(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+        """Names, full shapes and dtypes of the weights (no communication)."""
+        return [(k, t.shape, t.dtype) for k, t in self.model.state_dict().items()]
+
+    def iter_full_state(self):
+        """Yield (name, full tensor) one tensor at a time; collective under FSDP2, so every rank
+        must exhaust it. Only rank 0's tensors are meaningful; at most one gathered tensor is
+        alive at a time (weight sync streams them into its buckets)."""
+        from torch.distributed.tensor import DTensor
+
+        for name, t in self.model.state_dict().items():
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t)
+
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) weights on rank 0, None elsewhere. Collective under FSDP2."""
         if not self.fsdp:

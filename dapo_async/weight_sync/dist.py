@@ -104,6 +104,20 @@ class FlatBuckets:
                 t = state[name]
                 self.buffers[b][off : off + t.numel()].copy_(t.reshape(-1))
 
+    def pack_items(self, items) -> None:
+        """Copy (name, tensor) pairs in as they come (a stream of gathered tensors)."""
+        where = {name: (b, off) for name, b, off, _, _ in self.layout}
+        seen = 0
+        with torch.no_grad():
+            for name, t in items:
+                if name not in where:
+                    raise WeightSyncError(f"weight-sync stream has an unknown tensor {name!r}")
+                b, off = where[name]
+                self.buffers[b][off : off + t.numel()].copy_(t.reshape(-1))
+                seen += 1
+        if seen != len(where):
+            raise WeightSyncError(f"weight-sync stream gave {seen} of {len(where)} tensors")
+
     def views(self) -> dict[str, torch.Tensor]:
         return {
             name: self.buffers[b][off : off + int(torch.Size(shape).numel())].view(shape)
@@ -226,13 +240,24 @@ class DistWeightPublisher:
 
     def publish(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         with self._cv:
-            if self.staged is None:
-                shapes = [(k, v.shape, v.dtype) for k, v in state_dict.items()]
-                self.staged = FlatBuckets(shapes, self.bucket_bytes, self.device)
-                self.buckets = FlatBuckets(shapes, self.bucket_bytes, self.device)
+            self._allocate([(k, v.shape, v.dtype) for k, v in state_dict.items()])
             self.staged.pack(state_dict)
             self.staged_version = version
             self._cv.notify()
+
+    def publish_stream(self, shapes, items, version: int) -> None:
+        """Like ``publish``, from (name, tensor) pairs copied in one at a time (an FSDP2
+        learner gathers each full tensor, hands it over and frees it)."""
+        with self._cv:
+            self._allocate(list(shapes))
+            self.staged.pack_items(items)
+            self.staged_version = version
+            self._cv.notify()
+
+    def _allocate(self, shapes: list) -> None:
+        if self.staged is None:
+            self.staged = FlatBuckets(shapes, self.bucket_bytes, self.device)
+            self.buckets = FlatBuckets(shapes, self.bucket_bytes, self.device)
 
     def wait_sent(self, version: int, timeout_s: float) -> bool:
         """Block until ``version`` (or newer) reached every member (tests, shutdown)."""

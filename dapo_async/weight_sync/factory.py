@@ -14,6 +14,10 @@ class _DiskPublisher:
     def publish(self, state_dict, version: int) -> None:
         self.inner.publish(state_dict, version)
 
+    def publish_stream(self, shapes, items, version: int) -> None:
+        # a safetensors file is written whole: collect the stream first
+        self.inner.publish({k: v.detach().cpu() for k, v in items}, version)
+
     def close(self) -> None:
         pass
 

@@ -323,6 +323,13 @@ def test_two_rank_fsdp_learner_under_torchrun(tiny_model, tmp_path, repo, cli_en
     start = AutoModelForCausalLM.from_pretrained(str(tiny_model)).state_dict()
     assert trained.keys() == start.keys()
     assert any(not torch.equal(trained[k], start[k]) for k in start)
+    # the gathered weights were streamed to the generator (it generated with a new version)
+    gen_versions = [
+        rec.get("generator/version", -1)
+        for f in (tmp_path / "run" / "metrics").glob("gen0-*.jsonl")
+        for rec in map(json.loads, f.read_text().splitlines())
+    ]
+    assert max(gen_versions) >= 1
 
 
 @pytest.mark.slow

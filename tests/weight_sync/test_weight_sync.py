@@ -188,3 +188,18 @@ def test_public_bind_needs_explicit_opt_in():
     cfg = load_config(None, [])
     with pytest.raises(WeightSyncError, match="allow_unauthenticated_network"):
         DistWeightPublisher(cfg, None, host="0.0.0.0")
+
+
+def test_streamed_packing_equals_dict_packing_and_checks_completeness():
+    from dapo_async.weight_sync.dist import FlatBuckets
+
+    state = _state(3)
+    shapes = [(k, v.shape, v.dtype) for k, v in state.items()]
+    a, b = FlatBuckets(shapes, 1 << 10), FlatBuckets(shapes, 1 << 10)
+    a.pack(state)
+    b.pack_items(iter(state.items()))  # one tensor at a time, as an FSDP2 gather yields them
+    assert all(torch.equal(x, y) for x, y in zip(a.buffers, b.buffers))
+    with pytest.raises(WeightSyncError, match="2 of 3"):
+        b.pack_items(iter(list(state.items())[:2]))
+    with pytest.raises(WeightSyncError, match="unknown tensor"):
+        b.pack_items(iter([("nope", torch.zeros(1))]))
