@@ -16,6 +16,8 @@ import uuid
 # After a weight-sync failure, try to reconnect this often, each try bounded (Ctrl-C stays quick).
 RECONNECT_S = 5.0
 RECONNECT_TIMEOUT_S = 2.0
+# At start the learner may still be loading: wait this long for its weight-sync endpoint.
+CONNECT_TIMEOUT_S = 30.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,7 +45,14 @@ def main(args: argparse.Namespace) -> int:
     score, pool = make_scorer(cfg)
 
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
-    receiver = [make_receiver(cfg, run_dir, gen_id)]
+    in_engine = cfg.generator.engine == "vllm" and cfg.weight_sync.mode == "dist"
+
+    def connect(timeout_s: float):
+        if in_engine:  # the vLLM workers join the group and receive straight into the engine
+            return EngineWeightReceiver(engine, cfg, run_dir, gen_id, timeout_s)
+        return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
+
+    receiver = [connect(CONNECT_TIMEOUT_S)]
     broken_since = [0.0]
 
     def poll_weights() -> None:
@@ -54,9 +63,7 @@ def main(args: argparse.Namespace) -> int:
             if now - broken_since[0] < RECONNECT_S:
                 return
             try:
-                receiver[0] = make_receiver(
-                    cfg, run_dir, gen_id, connect_timeout_s=RECONNECT_TIMEOUT_S
-                )
+                receiver[0] = connect(RECONNECT_TIMEOUT_S)
                 log.info("weight sync reconnected")
             except Exception as e:
                 broken_since[0] = now
@@ -110,6 +117,27 @@ def main(args: argparse.Namespace) -> int:
         engine.close()
     log.info("stopped: %s", counters)
     return 0
+
+
+class EngineWeightReceiver:
+    """The receiver interface over a vLLM engine whose workers are the weight-sync members:
+    ``poll`` lets them take part in an open round and returns None (the engine already runs the
+    new version)."""
+
+    def __init__(self, engine, cfg, run_dir, gen_id: str, timeout_s: float):
+        from dapo_async.roles import read_endpoint
+        from dapo_async.weight_sync.factory import backend
+
+        endpoint = cfg.weight_sync.endpoint or read_endpoint(run_dir, "wsync", timeout_s=timeout_s)
+        self.engine = engine
+        engine.connect_weight_sync(endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg))
+
+    def poll(self):
+        self.engine.poll_weight_sync()
+        return None
+
+    def close(self) -> None:
+        self.engine.close_weight_sync()
 
 
 def sampling_params(cfg):

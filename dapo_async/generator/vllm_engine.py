@@ -4,8 +4,10 @@ Sampled-token log-probs come from ``SamplingParams(logprobs=0)`` (one entry per 
 ``generator.logprobs_mode`` picks vLLM's ``processed_logprobs`` (after temperature / top-k / top-p,
 what was sampled from) or ``raw_logprobs``. New weights are written to a safetensors file in a
 private temporary folder (tmpfs when the machine has one) and loaded inside the worker by
-``vllm_worker.WorkerExtension.dapo_reload_file``; the prefix cache is reset after every update so
-no KV entry computed by old weights is reused.
+``vllm_worker.WorkerExtension.dapo_reload_file``; with ``weight_sync.mode=dist`` the generator
+instead makes the workers members of the weight-sync group (``connect_weight_sync``), so the
+buckets are received straight into the engine's worker process. The prefix cache is reset after
+every update so no KV entry computed by old weights is reused.
 
 Engine options come from the config: dtype, max_model_len, gpu_memory_utilization,
 tensor_parallel_size, and on CPUs the KV-cache space (``VLLM_CPU_KVCACHE_SPACE``, GiB).
@@ -138,6 +140,38 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
         self.llm.reset_prefix_cache()
         self.version = version
+
+    # ---------------------------------------------------------------- weight sync in the worker
+
+    def connect_weight_sync(
+        self, endpoint: str, receiver_id: str, timeout_s: float, backend: str, digests=False
+    ) -> list[str]:
+        """Make every vLLM worker a member of the weight-sync group (receives straight into the
+        engine's process); returns the receiver ids."""
+        return self.llm.collective_rpc(
+            "dapo_wsync_connect", args=(endpoint, receiver_id, timeout_s, backend, digests)
+        )
+
+    def poll_weight_sync(self) -> dict | None:
+        """Take part in an open round, if any; on success the engine runs the new version.
+        Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept)."""
+        from dapo_async.weight_sync.disk import WeightSyncError
+
+        results = [r for r in self.llm.collective_rpc("dapo_wsync_poll") if r is not None]
+        if not results:
+            return None
+        errors = [r["error"] for r in results if "error" in r]
+        if errors:
+            raise WeightSyncError(errors[0])
+        self.llm.reset_prefix_cache()
+        self.version = int(results[0]["version"])
+        return results[0]
+
+    def close_weight_sync(self) -> None:
+        try:
+            self.llm.collective_rpc("dapo_wsync_close")
+        except Exception:
+            pass
 
     def param_checksum(self) -> float:
         return self.llm.collective_rpc("dapo_param_checksum")[0]

