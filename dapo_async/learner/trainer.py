@@ -194,42 +194,23 @@ class Trainer:
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
-    def _policy_updates(self, rows: Rows, t0: float) -> dict[str, float]:
-        k = self.cfg.learner.num_minibatches
-        parts = np.array_split(np.arange(len(rows)), k)
-        micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
+    def _updates(self, micro, t0: float, counts, micro_loss) -> dict[str, float]:
+        """The K mini-batch updates shared by every objective: per mini-batch, all-reduce the
+        global denominators (``counts(part)``), then forward/loss/backward each micro-batch
+        (``micro_loss(mb, global_counts, agg)`` returns the loss and records its metrics in
+        ``agg``) with gradients reduced on the last one, then one optimizer step."""
         self._no_grad_passes(micro)
         timings = {"time/proximal_s": time.perf_counter() - t0}
         agg: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.model.train()
         t_fb = t_opt = 0.0
         for part in micro:
-            local_tokens = float(sum(mb.mask_BT.sum().item() for mb in part))
-            local_seqs = float(sum(int((mb.resp_len_B > 0).sum()) for mb in part))
-            g_tokens, g_seqs = self.par.sum_floats([local_tokens, local_seqs])
+            g = self.par.sum_floats(counts(part))
             t1 = time.perf_counter()
             for j, mb in enumerate(part):
                 with self.par.grad_sync(j == len(part) - 1):
-                    logp, ent = self._forward_logp(self.train_model, mb, with_entropy=True)
-                    loss, m = policy_loss(
-                        logp,
-                        mb.prox_logp_BT,
-                        mb.behav_logp_BT,
-                        mb.adv_BT,
-                        mb.mask_BT,
-                        self.loss_cfg,
-                        global_num_tokens=max(g_tokens, 1.0),
-                        global_num_seqs=max(g_seqs, 1.0),
-                        ref_logp_BT=mb.ref_logp_BT,
-                    )
+                    loss = micro_loss(mb, g, agg)
                     (loss * self.world_size).backward()
-                w = mb.mask_BT.sum().item()
-                for key, v in m.items():
-                    if key != "num_tokens":
-                        agg[key].append((v, w))
-                agg["loss"].append((loss.item() * g_tokens / max(w, 1.0), w))
-                if ent is not None:
-                    agg["entropy"].append(((ent * mb.mask_BT).sum().item() / max(w, 1.0), w))
             t2 = time.perf_counter()
             agg["grad_norm"].append((self._optimizer_step(), 1.0))
             t_opt += time.perf_counter() - t2
@@ -239,6 +220,42 @@ class Trainer:
         metrics["time/fwd_bwd_s"] = t_fb
         metrics["time/optimizer_s"] = t_opt
         return metrics
+
+    def _policy_updates(self, rows: Rows, t0: float) -> dict[str, float]:
+        k = self.cfg.learner.num_minibatches
+        parts = np.array_split(np.arange(len(rows)), k)
+        micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
+
+        def counts(part):  # tokens and sequences of this mini-batch
+            return [
+                float(sum(mb.mask_BT.sum().item() for mb in part)),
+                float(sum(int((mb.resp_len_B > 0).sum()) for mb in part)),
+            ]
+
+        def micro_loss(mb, g, agg):
+            g_tokens, g_seqs = g
+            logp, ent = self._forward_logp(self.train_model, mb, with_entropy=True)
+            loss, m = policy_loss(
+                logp,
+                mb.prox_logp_BT,
+                mb.behav_logp_BT,
+                mb.adv_BT,
+                mb.mask_BT,
+                self.loss_cfg,
+                global_num_tokens=max(g_tokens, 1.0),
+                global_num_seqs=max(g_seqs, 1.0),
+                ref_logp_BT=mb.ref_logp_BT,
+            )
+            w = mb.mask_BT.sum().item()
+            for key, v in m.items():
+                if key != "num_tokens":
+                    agg[key].append((v, w))
+            agg["loss"].append((loss.item() * g_tokens / max(w, 1.0), w))
+            if ent is not None:
+                agg["entropy"].append(((ent * mb.mask_BT).sum().item() / max(w, 1.0), w))
+            return loss
+
+        return self._updates(micro, t0, counts, micro_loss)
 
     def _dpo_updates(self, rows: Rows, t0: float) -> dict[str, float]:
         """Online DPO: best vs worst response of each group, K mini-batches of pairs."""
@@ -251,46 +268,34 @@ class Trainer:
         # A micro-batch holds whole pairs: [chosen_0, rejected_0, chosen_1, rejected_1, ...].
         parts = [_split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
         micro = self._micro_batches(rows, parts, unit=2)
-        self._no_grad_passes(micro)
-        timings = {"time/proximal_s": time.perf_counter() - t0}
         beta = self.cfg.algo.dpo_beta
-        agg: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        self.model.train()
-        t_fb = t_opt = 0.0
-        for part in micro:
-            local_pairs = float(sum(int((mb.mask_BT.sum(1) > 0).sum()) // 2 for mb in part))
-            (g_pairs,) = self.par.sum_floats([local_pairs])
-            t1 = time.perf_counter()
-            for j, mb in enumerate(part):
-                with self.par.grad_sync(j == len(part) - 1):
-                    logp, _ = self._forward_logp(self.train_model, mb)
-                    ref = mb.ref_logp_BT if mb.ref_logp_BT is not None else mb.behav_logp_BT
-                    seq_B = (logp * mb.mask_BT).sum(1)
-                    ref_B = (ref * mb.mask_BT).sum(1)
-                    live = (mb.mask_BT.sum(1) > 0)[0::2]
-                    loss, m = dpo_loss(
-                        seq_B[0::2][live],
-                        seq_B[1::2][live],
-                        ref_B[0::2][live],
-                        ref_B[1::2][live],
-                        beta,
-                        global_num_pairs=max(g_pairs, 1.0),
-                    )
-                    (loss * self.world_size).backward()
-                n = float(live.sum())
-                agg["loss"].append((loss.item() * g_pairs / max(n, 1.0), n))
-                agg["dpo_margin_mean"].append((m["dpo_margin_mean"], n))
-                agg["dpo_pref_acc"].append((m["dpo_pref_acc"], n))
-            agg["dpo_num_pairs"].append((g_pairs, 1.0))
-            t2 = time.perf_counter()
-            agg["grad_norm"].append((self._optimizer_step(), 1.0))
-            t_opt += time.perf_counter() - t2
-            t_fb += t2 - t1
-        metrics = {f"train/{key}": _weighted(v) for key, v in agg.items()}
-        metrics.update(timings)
-        metrics["time/fwd_bwd_s"] = t_fb
-        metrics["time/optimizer_s"] = t_opt
-        return metrics
+
+        def counts(part):  # pairs of this mini-batch (empty padding micro-batches have none)
+            return [float(sum(int((mb.mask_BT.sum(1) > 0).sum()) // 2 for mb in part))]
+
+        def micro_loss(mb, g, agg):
+            (g_pairs,) = g
+            logp, _ = self._forward_logp(self.train_model, mb)
+            ref = mb.ref_logp_BT if mb.ref_logp_BT is not None else mb.behav_logp_BT
+            seq_B = (logp * mb.mask_BT).sum(1)
+            ref_B = (ref * mb.mask_BT).sum(1)
+            live = (mb.mask_BT.sum(1) > 0)[0::2]
+            loss, m = dpo_loss(
+                seq_B[0::2][live],
+                seq_B[1::2][live],
+                ref_B[0::2][live],
+                ref_B[1::2][live],
+                beta,
+                global_num_pairs=max(g_pairs, 1.0),
+            )
+            n = float(live.sum())
+            agg["loss"].append((loss.item() * g_pairs / max(n, 1.0), n))
+            agg["dpo_margin_mean"].append((m["dpo_margin_mean"], n))
+            agg["dpo_pref_acc"].append((m["dpo_pref_acc"], n))
+            agg["dpo_num_pairs"].append((g_pairs, n))
+            return loss
+
+        return self._updates(micro, t0, counts, micro_loss)
 
     def _batch_stats(self, rows: Rows) -> dict[str, float]:
         lens = np.array([len(r) for r in rows.responses], dtype=np.float64)

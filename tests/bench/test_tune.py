@@ -1,11 +1,8 @@
 """`dapo-async tune` runs one short training job per grid point and reports them sorted; a bad
 point is reported, not fatal."""
 
-import json
-import subprocess
-import sys
-
 import pytest
+from testutil import last_json, run_cli
 
 FAST = [
     "buffer.groups_per_step=4",
@@ -16,64 +13,32 @@ FAST = [
 ]
 
 
+def tune(repo, env, tiny_model, out_dir, *grid):
+    args = ["tune", "configs/tiny_cpu.yaml", f"model.path={tiny_model}", *FAST]
+    return run_cli(repo, env, *args, *grid, "--steps", "4", "--out", out_dir, "--json", timeout=900)
+
+
 @pytest.mark.slow
 def test_tune_sweeps_a_grid(tiny_model, tmp_path, repo, cli_env):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_async.cli",
-            "tune",
-            "configs/tiny_cpu.yaml",
-            f"model.path={tiny_model}",
-            *FAST,
-            "--grid",
-            "buffer.max_staleness=0,1",
-            "--grid",
-            "learner.num_minibatches=0",  # invalid: reported, not fatal
-            "--steps",
-            "4",
-            "--out",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=cli_env,
-        timeout=900,
+    # an invalid value at every point: each is reported with the key, none crashes the sweep
+    out = tune(
+        repo,
+        cli_env,
+        tiny_model,
+        tmp_path / "a",
+        "--grid",
+        "buffer.max_staleness=0,1",
+        "--grid",
+        "learner.num_minibatches=0",
     )
-    assert out.returncode == 1  # no valid point: every point has num_minibatches=0
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 1
+    res = last_json(out)
     assert res["best"] is None and len(res["results"]) == 2
     assert all("num_minibatches" in r["error"] for r in res["results"])
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_async.cli",
-            "tune",
-            "configs/tiny_cpu.yaml",
-            f"model.path={tiny_model}",
-            *FAST,
-            "--grid",
-            "buffer.max_staleness=0,1",
-            "--steps",
-            "4",
-            "--out",
-            str(tmp_path / "b"),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=cli_env,
-        timeout=900,
-    )
+    out = tune(repo, cli_env, tiny_model, tmp_path / "b", "--grid", "buffer.max_staleness=0,1")
     assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    points = [r["point"]["buffer.max_staleness"] for r in res["results"]]
-    assert sorted(points) == ["0", "1"]
+    res = last_json(out)
+    assert sorted(r["point"]["buffer.max_staleness"] for r in res["results"]) == ["0", "1"]
     rates = [r["samples_per_s"] for r in res["results"]]
     assert res["best"]["samples_per_s"] == max(rates) > 0

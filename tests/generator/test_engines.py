@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from testutil import greedy_tokens
 
 from dapo_async.generator.engine import SamplingParams
 from dapo_async.generator.hf_engine import HFEngine
@@ -51,19 +52,6 @@ def max_delta(model, prompts, comps, temperature):
     return worst
 
 
-def greedy_tokens(model, prompt, max_tokens=30, eos_id=None):
-    ids = list(prompt)
-    out = []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-            out.append(nxt)
-            ids.append(nxt)
-            if nxt == eos_id:
-                break
-    return out
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.8])
 def test_hf_engine_logprobs_match_forward(tiny_model, temperature):
     eng = HFEngine(str(tiny_model))
@@ -74,7 +62,7 @@ def test_hf_engine_logprobs_match_forward(tiny_model, temperature):
     assert max_delta(eng.model, prompts, comps, temperature) <= LOGPROB_TOL
     greedy = eng.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=30))
     for prompt, per_prompt in zip(prompts, greedy):
-        assert per_prompt[0].tokens.tolist() == greedy_tokens(eng.model, prompt, 30, eng.eos_id)
+        assert per_prompt[0].tokens.tolist() == greedy_tokens(eng.model, prompt, eng.eos_id)
 
 
 @pytest.mark.slow
@@ -116,9 +104,9 @@ def test_vllm_cpu_engine_logprobs_greedy_and_weight_updates(tiny_model, tmp_path
         return [per_prompt[0]["tokens"] for per_prompt in res[key]]
 
     eos = hf.eos_id
-    assert tokens("greedy_before") == [greedy_tokens(model, p, 30, eos) for p in prompts]
+    assert tokens("greedy_before") == [greedy_tokens(model, p, eos) for p in prompts]
     assert res["sum_changed"]
-    assert tokens("greedy_new") == [greedy_tokens(new, p, 30, eos) for p in prompts]
+    assert tokens("greedy_new") == [greedy_tokens(new, p, eos) for p in prompts]
     assert tokens("greedy_new") != tokens("greedy_before")
     assert tokens("greedy_restored") == tokens("greedy_before")  # exactly the old outputs
     restored = np.concatenate([pp[0]["logprobs"] for pp in res["greedy_restored"]])

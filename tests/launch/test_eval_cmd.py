@@ -2,22 +2,16 @@
 in the DAPO schema, checked against an independent count with the same model."""
 
 import json
-import subprocess
-import sys
+
+import torch
+from testutil import last_json, run_cli
 
 
 def run_eval(repo, env, *args):
-    out = subprocess.run(
-        [sys.executable, "-m", "dapo_async.cli", "eval", *args, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=env,
-        timeout=300,
-    )
+    out = run_cli(repo, env, "eval", *args, "--json", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[eval]" in out.stderr  # progress bar
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return last_json(out)
 
 
 def test_eval_greedy_matches_an_independent_count(tiny_model, repo, cli_env):
@@ -38,7 +32,7 @@ def test_eval_greedy_matches_an_independent_count(tiny_model, repo, cli_env):
             r.messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
         out = model.generate(
-            input_ids=__import__("torch").tensor([ids]),
+            input_ids=torch.tensor([ids]),
             do_sample=False,
             max_new_tokens=40,
             eos_token_id=tok.eos_token_id,

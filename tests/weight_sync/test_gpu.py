@@ -1,12 +1,9 @@
 """The weight-sync checks on GPUs (NCCL) and the vLLM GPU engine; run by tools/gpu_check.sh on
 a machine with an NVIDIA GPU (skipped elsewhere)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
+from testutil import last_json, run_cli
 
 from dapo_async.config import load_config
 
@@ -79,25 +76,7 @@ def test_nccl_five_versions_bit_equal():
 
 @pytest.mark.gpu
 def test_bench_weights_nccl_json(cli_env, repo):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_async.cli",
-            "bench",
-            "weights",
-            "--backend",
-            "nccl",
-            "--rounds",
-            "2",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=cli_env,
-        timeout=600,
-    )
+    out = run_cli(repo, cli_env, "bench", "weights", "--backend", "nccl", "--rounds", "2", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res = last_json(out)
     assert res["backend"] == "nccl" and res["ratio_500mb"] > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import xxhash
+from testutil import greedy_tokens
 
 from dapo_async.config import load_config
 
@@ -52,18 +53,6 @@ def _plain_receiver(endpoint, out):
             seen += 1
         time.sleep(0.02)
     r.close()
-
-
-def greedy(model, prompt, eos_id, max_tokens=30):
-    ids, out = list(prompt), []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-            out.append(nxt)
-            ids.append(nxt)
-            if nxt == eos_id:
-                break
-    return out
 
 
 @pytest.mark.slow
@@ -133,4 +122,6 @@ def test_five_versions_reach_a_plain_and_a_vllm_generator(tiny_model, tmp_path, 
         assert plain_digests == want, f"plain receiver: v{v} not bit-equal"
         assert line["digests"] == want, f"vLLM receiver: v{v} not bit-equal"
         model.load_state_dict(states[v], strict=False)
-        assert line["greedy"] == [greedy(model, p, eos) for p in prompts], f"v{v} greedy differs"
+        assert line["greedy"] == [greedy_tokens(model, p, eos) for p in prompts], (
+            f"v{v} greedy differs"
+        )

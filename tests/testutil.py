@@ -1,0 +1,38 @@
+"""Small helpers shared by tests in several folders (importable: tests/ is on sys.path)."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+
+def run_cli(repo, env, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m dapo_async.cli ARGS` in the repo, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def last_json(out: subprocess.CompletedProcess) -> dict:
+    """The JSON object on the last line of stdout (the `--json` convention)."""
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def greedy_tokens(model, prompt, eos_id, max_tokens: int = 30) -> list[int]:
+    """Greedy decoding with one full forward pass per token (no cache, no padding): the
+    reference the engines are compared with."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(nxt)
+            ids.append(nxt)
+            if nxt == eos_id:
+                break
+    return out
