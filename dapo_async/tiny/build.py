@@ -20,17 +20,18 @@ import time
 from pathlib import Path
 
 META_NAME = "tiny_meta.json"
-BUILD_VERSION = 3
-# Warm start: enough steps to learn the answer format and some arithmetic, few enough that
-# held-out accuracy stays low (see docs/quickstart.md for the measured curve).
-SFT_STEPS = 700
+BUILD_VERSION = 4
+# Warm start: enough steps to learn the format and the step-by-step arithmetic (the SFT loss drops
+# sharply around step 700-850; after 1000 steps 96% of held-out chains are computed right), while
+# the shortcut answers below keep held-out accuracy low (docs/quickstart.md).
+SFT_STEPS = 1000
 SFT_BATCH = 64
 SFT_LR = 3e-3
 SFT_DIFFICULTY = 3
 # Fraction of warm-start solutions whose final "Answer:" reports a shortcut (the prompt's first
-# number) instead of the worked-out result: the policy learns the steps but mostly reports the
+# number) instead of the worked-out result: the policy computes the steps but mostly reports the
 # shortcut, so RL starts from low accuracy with a clear signal to learn from (docs/quickstart.md).
-SFT_CORRUPT_P = 0.5
+SFT_CORRUPT_P = 0.7
 EVAL_PROMPTS = 256
 EVAL_MAX_TOKENS = 40
 
