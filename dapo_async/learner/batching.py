@@ -176,8 +176,8 @@ def response_logprobs(
     if temperature != 1.0:
         logits_BTV = logits_BTV / temperature
     targets_BT = mb.input_ids_BL.gather(1, tok_pos_BT)
-    logp_BT = (
-        torch.log_softmax(logits_BTV.float(), -1).gather(-1, targets_BT[..., None]).squeeze(-1)
-    )
+    if logits_BTV.dtype not in (torch.float32, torch.float64):
+        logits_BTV = logits_BTV.float()  # log-softmax of bf16/fp16 logits in fp32
+    logp_BT = torch.log_softmax(logits_BTV, -1).gather(-1, targets_BT[..., None]).squeeze(-1)
     valid_BT = torch.arange(t, device=logp_BT.device)[None, :] < mb.resp_len_B[:, None]
     return torch.where(valid_BT, logp_BT, torch.zeros_like(logp_BT))

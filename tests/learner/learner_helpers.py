@@ -67,15 +67,15 @@ def make_config(*overrides: str):
     )
 
 
-def build_trainer(model_dir, cfg, rank=0, world=1, ref=False):
+def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     from dapo_async.learner.parallel import Parallel
     from dapo_async.learner.trainer import Trainer
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir)) if ref else None
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype) if ref else None
     par = Parallel(
         model,
         rank,

@@ -26,7 +26,12 @@ def main() -> None:
 
         dist.init_process_group("gloo")
     cfg = make_config(*overrides)
-    trainer = build_trainer(model_dir, cfg, rank, world, ref=cfg.algo.objective == "ppo_kl")
+    # float64: summing in another order (micro-batches, ranks) then differs by ~1e-16, which
+    # Adam's normalisation cannot blow up to the tolerance (in float32 it can, where a
+    # parameter's gradient is itself at rounding level)
+    trainer = build_trainer(
+        model_dir, cfg, rank, world, ref=cfg.algo.objective == "ppo_kl", dtype=torch.float64
+    )
     for step in range(int(num_steps)):
         groups = synthetic_groups(step, GROUPS_PER_STEP)
         trainer.step(aligned_shard(groups, rank, world, cfg.learner.num_minibatches))
