@@ -45,7 +45,6 @@ def greedy_hf_and_vllm(cli_env):
     """A function: model dir -> (transformers greedy texts, vLLM CPU greedy texts) on 8 held-out
     chain prompts; vLLM runs in its own process (tests/tiny/vllm_greedy.py)."""
     import json
-    import subprocess
 
     def run(model_dir):
         from dapo_async.data.tasks import generate
@@ -63,21 +62,10 @@ def greedy_hf_and_vllm(cli_env):
         ids = [eng.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         params = SamplingParams(n=1, temperature=0.0, max_tokens=40)
         hf = [o[0].text for o in eng.generate(ids, params)]
-        out = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "tests" / "tiny" / "vllm_greedy.py"),
-                str(model_dir),
-                json.dumps(prompts),
-            ],
-            capture_output=True,
-            text=True,
-            env={**cli_env, "HF_HUB_OFFLINE": "1"},
-            timeout=600,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-        return hf, json.loads(line[len("RESULT ") :])
+        from testutil import run_vllm_script
+
+        script = REPO / "tests" / "tiny" / "vllm_greedy.py"
+        return hf, run_vllm_script(script, cli_env, model_dir, json.dumps(prompts))
 
     return run
 

@@ -36,3 +36,29 @@ def greedy_tokens(model, prompt, eos_id, max_tokens: int = 30) -> list[int]:
             if nxt == eos_id:
                 break
     return out
+
+
+def run_vllm_script(script, env, *args, timeout: float = 600):
+    """Run a vLLM script in its own process (vLLM spawns an engine core, so it needs a
+    ``__main__`` guard) and return the JSON it prints on its ``RESULT `` line."""
+    out = subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+        timeout=timeout,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def max_generator_version(run_dir) -> float:
+    """The newest policy version any generator of the run generated with (its metrics)."""
+    from pathlib import Path
+
+    return max(
+        json.loads(line).get("generator/version", -1)
+        for f in (Path(run_dir) / "metrics").glob("gen*.jsonl")
+        for line in f.read_text().splitlines()
+    )

@@ -123,14 +123,10 @@ class VLLMEngine:
         """Hand full weights (HF names) to the worker through a file, then drop cached prefixes."""
         from safetensors.torch import save_file
 
+        from dapo_async.weight_sync.disk import savable
+
         path = os.path.join(self._tmp, "weights.safetensors")
-        tensors, seen = {}, set()
-        for k, v in state_dict.items():
-            t = v.detach().to("cpu").contiguous()
-            ptr = t.untyped_storage().data_ptr()
-            tensors[k] = t.clone() if ptr in seen else t  # tied weights share storage
-            seen.add(ptr)
-        save_file(tensors, path)
+        save_file(savable(state_dict), path)
         self.load_file(path, version)
 
     def load_file(self, path: str, version: int) -> None:

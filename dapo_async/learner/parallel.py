@@ -121,14 +121,11 @@ class Parallel:
         """Full (unsharded) weights on rank 0, None elsewhere. Collective under FSDP2."""
         if not self.fsdp:
             return self.model.state_dict() if self.rank == 0 else None
-        from torch.distributed.tensor import DTensor
-
-        out: dict[str, torch.Tensor] | None = {} if self.rank == 0 else None
-        for name, t in self.model.state_dict().items():
-            full = t.full_tensor() if isinstance(t, DTensor) else t
-            if out is not None:
-                out[name] = full.detach().cpu()
-        return out
+        if self.rank == 0:
+            return {name: full.detach().cpu() for name, full in self.iter_full_state()}
+        for _ in self.iter_full_state():  # the other ranks take part in each gather
+            pass
+        return None
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         """Optimizer state for a checkpoint (full on rank 0 under FSDP2; collective there)."""

@@ -39,6 +39,19 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def savable(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors safetensors accepts: tied weights (embeddings = LM head) share
+    storage, and safetensors refuses aliases, so a second name of one storage gets a copy."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for k, v in state_dict.items():
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
 class DiskWeightPublisher:
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
@@ -49,15 +62,7 @@ class DiskWeightPublisher:
 
         name = f"v{version:08d}.safetensors"
         tmp = self.dir / f".{name}.tmp"
-        tensors = {}
-        seen: set[int] = set()
-        for k, v in state_dict.items():
-            t = v.detach().to("cpu").contiguous()
-            ptr = t.untyped_storage().data_ptr()
-            # tied weights (embeddings = LM head) share storage; safetensors refuses aliases
-            tensors[k] = t.clone() if ptr in seen else t
-            seen.add(ptr)
-        save_file(tensors, str(tmp), metadata={"version": str(version)})
+        save_file(savable(state_dict), str(tmp), metadata={"version": str(version)})
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         final = self.dir / name

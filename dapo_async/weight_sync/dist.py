@@ -99,10 +99,7 @@ class FlatBuckets:
         return fb
 
     def pack(self, state: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, b, off, shape, _ in self.layout:
-                t = state[name]
-                self.buffers[b][off : off + t.numel()].copy_(t.reshape(-1))
+        self.pack_items((name, state[name]) for name, *_ in self.layout)
 
     def pack_items(self, items) -> None:
         """Copy (name, tensor) pairs in as they come (a stream of gathered tensors)."""

@@ -3,14 +3,12 @@
 again) exactly. The vLLM CPU engine runs in its own process (vllm_probe.py)."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from testutil import greedy_tokens
+from testutil import greedy_tokens, run_vllm_script
 
 from dapo_async.generator.engine import SamplingParams
 from dapo_async.generator.hf_engine import HFEngine
@@ -81,21 +79,9 @@ def test_vllm_cpu_engine_logprobs_greedy_and_weight_updates(tiny_model, tmp_path
     hf = HFEngine(str(tiny_model), model=model)
     prompts = chat_prompts(hf.tokenizer)
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "vllm_probe.py"),
-            str(tiny_model),
-            str(new_file),
-            json.dumps(prompts),
-        ],
-        capture_output=True,
-        text=True,
-        env={**cli_env, "HF_HUB_OFFLINE": "1"},
-        timeout=600,
+    res = run_vllm_script(
+        HERE / "vllm_probe.py", cli_env, tiny_model, new_file, json.dumps(prompts)
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    res = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))[7:])
 
     assert max_delta(model, prompts, res["sampled_t1"], 1.0) <= LOGPROB_TOL
     assert max_delta(model, prompts, res["sampled_t08"], 0.8) <= LOGPROB_TOL

@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 import torch
+from testutil import max_generator_version
 
 FAST = [
     "learner.num_steps=4",
@@ -324,12 +325,7 @@ def test_two_rank_fsdp_learner_under_torchrun(tiny_model, tmp_path, repo, cli_en
     assert trained.keys() == start.keys()
     assert any(not torch.equal(trained[k], start[k]) for k in start)
     # the gathered weights were streamed to the generator (it generated with a new version)
-    gen_versions = [
-        rec.get("generator/version", -1)
-        for f in (tmp_path / "run" / "metrics").glob("gen0-*.jsonl")
-        for rec in map(json.loads, f.read_text().splitlines())
-    ]
-    assert max(gen_versions) >= 1
+    assert max_generator_version(tmp_path / "run") >= 1
 
 
 @pytest.mark.slow
@@ -443,9 +439,4 @@ def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 4
-    gen_versions = [
-        rec.get("generator/version", -1)
-        for f in (tmp_path / "run" / "metrics").glob("gen0-*.jsonl")
-        for rec in map(json.loads, f.read_text().splitlines())
-    ]
-    assert max(gen_versions) >= 2
+    assert max_generator_version(tmp_path / "run") >= 2
