@@ -75,6 +75,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from dapo_async.bench.weights_bench import main as bench_main
 
         return bench_main(args)
+    if args.what == "ablation":
+        from dapo_async.bench.ablation_bench import main as bench_main
+
+        return bench_main(args)
     raise CliError(f"bench {args.what}: not built yet")
 
 
@@ -171,7 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument("what", choices=["transport", "buffer", "generator", "weights", "async"])
+    p.add_argument(
+        "what", choices=["transport", "buffer", "generator", "weights", "async", "ablation"]
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument(
         "--seconds",
@@ -185,14 +191,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--bucket-mb", type=int, default=64, help="weights: flat bucket size")
     p.add_argument("--backend", default="gloo", help="weights: gloo | nccl")
-    p.add_argument("--steps", type=int, default=24, help="async: learner steps per run")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="async: learner steps per run (default 24); ablation: (default: the config's)",
+    )
     p.add_argument("--staleness", type=int, default=2, help="async: max_staleness of the async run")
-    p.add_argument("--out", default="", help="async: folder for the two run directories")
+    p.add_argument("--out", default="", help="async, ablation: folder for the run directories")
     p.add_argument("--engine", default="", help="generator: hf | vllm (default: the config's)")
     p.add_argument(
-        "--config", default="configs/tiny_cpu.yaml", help="generator, async: the run config"
+        "--config",
+        default="configs/tiny_cpu.yaml",
+        help="generator, async: the run config; ablation: the DAPO arm",
     )
-    p.add_argument("overrides", nargs="*", help="generator, async: dotted config overrides")
+    p.add_argument(
+        "--baseline",
+        default="configs/tiny_grpo_naive.yaml",
+        help="ablation: the naive-GRPO arm",
+    )
+    p.add_argument("--seeds", default="0,1,2", help="ablation: seeds, one run per arm each")
+    p.add_argument(
+        "--eval-every", type=int, default=5, help="ablation: held-out evaluation period (steps)"
+    )
+    p.add_argument(
+        "--components",
+        action="store_true",
+        help="ablation: also naive GRPO plus one DAPO component at a time",
+    )
+    p.add_argument(
+        "--sync",
+        action="store_true",
+        help="ablation: also DAPO synchronous (buffer.max_staleness=0), for the async gap",
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="generator, async, ablation: dotted config overrides"
+    )
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("tune", help="throughput sweep: one short training run per grid point")

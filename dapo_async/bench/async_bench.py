@@ -54,21 +54,31 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
     return out
 
 
-def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict[str, float]:
+def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "bench async") -> None:
+    """One `dapo-async train` job in ``run_dir``; raises RuntimeError with its stderr tail."""
     cmd = [sys.executable, "-m", "dapo_async.cli", "train", config, f"run_dir={run_dir}"]
     cmd += overrides
-    print(f"[bench async] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    print(f"[{tag}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
     res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"training failed ({run_dir}):\n{res.stderr[-2000:]}")
+
+
+def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict[str, float]:
+    run_train(config, overrides, run_dir)
     return steady_state(run_dir, skip)
 
 
+# Learner steps per run unless --steps says otherwise.
+DEFAULT_STEPS = 24
+
+
 def main(args: argparse.Namespace) -> int:
-    base = [f"learner.num_steps={args.steps}", "tracking.aim=false", *args.overrides]
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-async-"))
     skip = 1 + args.staleness
-    if args.steps < skip + 2:
+    if steps < skip + 2:
         raise SystemExit(
             f"bench async: --steps must be at least {skip + 2} for --staleness {args.staleness}"
         )
@@ -77,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         args.config, [*base, f"buffer.max_staleness={args.staleness}"], root / "async", skip
     )
     out = {
-        "steps": args.steps,
+        "steps": steps,
         "steady_state_from_step": skip,
         "max_staleness": args.staleness,
         "sync_samples_per_s": sync["samples_per_s"],

@@ -1,0 +1,108 @@
+"""`dapo-async bench ablation`: both arms train per seed and the JSON line summarises exactly the
+run directories it leaves behind."""
+
+import json
+
+import pytest
+from testutil import last_json, run_cli
+
+from dapo_async.bench.ablation_bench import parse_seeds, read_run
+
+FAST = [
+    "buffer.groups_per_step=4",
+    "generator.prompts_per_batch=4",
+    "data.num_eval=8",
+    # the fixture model is barely warm-started (accuracy 0): dynamic sampling would drop every
+    # group and the learner would wait forever
+    "buffer.dynamic_sampling=false",
+]
+
+
+def _write_run(d, curve, before, after, produced=10, seconds=3.0):
+    (d / "metrics").mkdir(parents=True)
+    lines = [json.dumps({"step": 1, "rollout/accuracy": 0.5})]
+    lines += [json.dumps({"step": s, "eval/accuracy": a}) for s, a in curve]
+    lines.append("{not json")  # a torn last line of a killed run is skipped
+    (d / "metrics" / "learner.jsonl").write_text("\n".join(lines))
+    (d / "eval_before.json").write_text(json.dumps({"eval/accuracy": before}))
+    (d / "eval_after.json").write_text(json.dumps({"eval/accuracy": after}))
+    (d / "buffer_final.json").write_text(json.dumps({"counters": {"produced": produced}}))
+    (d / "learner_summary.json").write_text(json.dumps({"seconds": seconds}))
+
+
+def test_read_run_averages_the_curve_with_the_final_evaluation(tmp_path):
+    _write_run(tmp_path / "a", [(5, 0.5), (10, 0.7)], before=0.25, after=0.9)
+    r = read_run(tmp_path / "a")
+    assert r["heldout_before"] == 0.25 and r["heldout_after"] == 0.9
+    assert r["curve_mean"] == pytest.approx((0.5 + 0.7 + 0.9) / 3)
+    assert r["groups_generated"] == 10 and r["train_seconds"] == 3.0
+    # the final evaluation already in the curve is not counted twice
+    _write_run(tmp_path / "b", [(5, 0.5), (10, 0.9)], before=0.25, after=0.9)
+    assert read_run(tmp_path / "b")["curve_mean"] == pytest.approx(0.7)
+
+
+def test_parse_seeds_rejects_bad_lists():
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    for bad in ("", "0,0", "a,1"):
+        with pytest.raises(SystemExit, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_bad_override_fails_before_training(tmp_path, repo, cli_env):
+    out = run_cli(repo, cli_env, "bench", "ablation", "algo.clip_hihg=0.3", "--out", tmp_path)
+    assert out.returncode == 1
+    assert "clip_hihg" in out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env):
+    out = run_cli(
+        repo,
+        cli_env,
+        "bench",
+        "ablation",
+        f"model.path={tiny_model}",
+        *FAST,
+        "--seeds",
+        "0,1",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--sync",
+        "--out",
+        tmp_path,
+        "--json",
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = last_json(out)
+    assert res["seeds"] == [0, 1] and res["steps"] == 2
+    for arm in ("dapo", "grpo", "dapo_sync"):
+        after = [
+            json.loads((tmp_path / f"{arm}-seed{s}" / "eval_after.json").read_text())[
+                "eval/accuracy"
+            ]
+            for s in (0, 1)
+        ]
+        assert res[f"{arm}_heldout_after"] == after
+        assert res[f"{arm}_heldout_after_mean"] == pytest.approx(sum(after) / 2)
+        assert res[f"{arm}_groups_generated_mean"] >= 2 * 4  # two steps of four groups
+        cfg = (tmp_path / f"{arm}-seed1" / "config.yaml").read_text()
+        assert "seed: 1" in cfg
+    # each arm trained its own config
+    dapo_cfg = (tmp_path / "dapo-seed0" / "config.yaml").read_text()
+    grpo_cfg = (tmp_path / "grpo-seed0" / "config.yaml").read_text()
+    assert "clip_high: 0.28" in dapo_cfg and "clip_high: 0.2\n" in grpo_cfg
+    assert "loss_agg: token-mean" in dapo_cfg and "loss_agg: seq-mean-token-mean" in grpo_cfg
+    assert res["margin"] == pytest.approx(
+        res["dapo_heldout_after_mean"] - res["grpo_heldout_after_mean"]
+    )
+    sync_cfg = (tmp_path / "dapo_sync-seed0" / "config.yaml").read_text()
+    assert "max_staleness: 0" in sync_cfg and "max_staleness: 1" in dapo_cfg
+    assert res["async_gap"] == pytest.approx(
+        res["dapo_heldout_after_mean"] - res["dapo_sync_heldout_after_mean"]
+    )
+    wins = sum(d > g for d, g in zip(res["dapo_heldout_after"], res["grpo_heldout_after"]))
+    assert res["dapo_wins"] == wins
