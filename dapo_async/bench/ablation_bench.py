@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from dapo_async.bench.async_bench import run_train
+from dapo_async.tracking import read_metrics
 
 # One DAPO component at a time on top of the naive-GRPO baseline (--components).
 COMPONENTS: dict[str, list[str]] = {
@@ -43,14 +44,7 @@ COMPONENTS: dict[str, list[str]] = {
 
 def read_run(run_dir: Path) -> dict[str, float]:
     """Held-out accuracy before/after and over the run, groups generated, training time."""
-    curve = []
-    for line in (run_dir / "metrics" / "learner.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "eval/accuracy" in rec:
-            curve.append(rec["eval/accuracy"])
+    curve = [r["eval/accuracy"] for r in read_metrics(run_dir, "learner") if "eval/accuracy" in r]
     before = json.loads((run_dir / "eval_before.json").read_text())["eval/accuracy"]
     after = json.loads((run_dir / "eval_after.json").read_text())["eval/accuracy"]
     if not curve or curve[-1] != after:  # the final evaluation is tracked with the last step

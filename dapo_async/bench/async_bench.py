@@ -22,17 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dapo_async.tracking import read_metrics
+
 
 def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
     """Figures over the learner steps after the first ``skip`` ones."""
-    recs = []
-    for line in (run_dir / "metrics" / "learner.jsonl").read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "rollout/num_responses" in r:
-            recs.append(r)
+    recs = [r for r in read_metrics(run_dir, "learner") if "rollout/num_responses" in r]
     if len(recs) < skip + 2:
         raise RuntimeError(f"{run_dir}: fewer than {skip + 2} learner steps recorded")
     window = recs[skip:]
