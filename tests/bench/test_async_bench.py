@@ -1,0 +1,49 @@
+"""`dapo-async bench async`: steady-state figures come from the learner's own step records."""
+
+import json
+
+import pytest
+from testutil import run_cli
+
+from dapo_async.bench.async_bench import steady_state
+
+
+def _write_steps(d, steps):
+    """steps: (time, num_responses, wait_data_s, staleness) per learner step."""
+    (d / "metrics").mkdir(parents=True)
+    lines = [json.dumps({"step": 0, "eval/accuracy": 0.3, "time": 0.0})]
+    for i, (t, n, wait, stale) in enumerate(steps, start=1):
+        rec = {"step": i, "time": t, "rollout/num_responses": n, "time/wait_data_s": wait}
+        lines.append(json.dumps({**rec, "staleness/mean": stale}))
+    lines.append('{"step": 99, "ti')  # a line cut by a crash is skipped
+    (d / "metrics" / "learner.jsonl").write_text("\n".join(lines))
+    (d / "eval_after.json").write_text(json.dumps({"eval/accuracy": 0.9}))
+
+
+def test_steady_state_skips_the_first_steps(tmp_path):
+    # step 1 is start-up (slow, much waiting); steps 2-4 are the window, timed from step 1's end
+    _write_steps(
+        tmp_path,
+        [(10.0, 64, 9.0, 0.0), (12.0, 64, 0.5, 1.0), (14.0, 64, 0.0, 2.0), (18.0, 128, 1.5, 2.0)],
+    )
+    r = steady_state(tmp_path, skip=1)
+    assert r["steps"] == 4
+    assert r["samples_per_s"] == pytest.approx((64 + 64 + 128) / (18.0 - 10.0))
+    assert r["learner_idle"] == pytest.approx((0.5 + 0.0 + 1.5) / 8.0)
+    assert r["staleness_mean"] == pytest.approx(5.0 / 3)
+    assert r["heldout_after"] == 0.9 and "heldout_before" not in r
+
+
+def test_steady_state_needs_two_steps_past_the_skip(tmp_path):
+    _write_steps(tmp_path, [(1.0, 8, 0.0, 0.0), (2.0, 8, 0.0, 0.0)])
+    with pytest.raises(RuntimeError, match="fewer than 3 learner steps"):
+        steady_state(tmp_path, skip=1)
+
+
+def test_too_few_steps_for_the_staleness_fails_before_training(tmp_path, repo, cli_env):
+    out = run_cli(
+        repo, cli_env, "bench", "async", "--steps", "4", "--staleness", "2", "--out", tmp_path
+    )
+    assert out.returncode != 0
+    assert "--steps must be at least 5" in out.stderr
+    assert not any(tmp_path.iterdir())
