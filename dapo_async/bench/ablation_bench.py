@@ -18,8 +18,9 @@ Figures per arm, averaged over seeds:
   step; this is its cost), and ``train_seconds``.
 
 ``margin`` = DAPO − GRPO mean held-out accuracy after training; ``dapo_wins`` counts the seeds
-where DAPO ended higher; ``async_gap`` (with ``--sync``) = DAPO as configured − DAPO synchronous. `dapo-async train` with the seed as ``seed=S`` changes sampling, prompt
-order and the held-out sample; the warm-started model is the same for every run.
+where DAPO ended higher; ``async_gap`` (with ``--sync``) = DAPO as configured − DAPO
+synchronous. `dapo-async train` with the seed as ``seed=S`` changes sampling, prompt order and
+the held-out sample; the warm-started model is the same for every run.
 """
 
 from __future__ import annotations
@@ -80,9 +81,15 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async.config import load_config
 
     seeds = parse_seeds(args.seeds)
+    base = [
+        "tracking.aim=false",
+        f"learner.eval_every={args.eval_every}",
+        *([f"learner.num_steps={args.steps}"] if args.steps is not None else []),
+        *args.overrides,
+    ]
     # Fail fast on a bad override or config, before minutes of training.
-    load_config(args.config, args.overrides)
-    load_config(args.baseline, args.overrides)
+    num_steps = load_config(args.config, base).learner.num_steps
+    load_config(args.baseline, base)
     arms: dict[str, tuple[str, list[str]]] = {
         "dapo": (args.config, []),
         "grpo": (args.baseline, []),
@@ -92,12 +99,8 @@ def main(args: argparse.Namespace) -> int:
     if args.components:
         for name, extra in COMPONENTS.items():
             arms[f"grpo+{name}"] = (args.baseline, extra)
-    base = [
-        "tracking.aim=false",
-        f"learner.eval_every={args.eval_every}",
-        *([f"learner.num_steps={args.steps}"] if args.steps is not None else []),
-        *args.overrides,
-    ]
+    # JSON key prefix per arm ("+" is awkward in keys)
+    keys = {name: name.replace("+", "_plus_") for name in arms}
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-ablation-"))
     results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for seed in seeds:
@@ -113,9 +116,9 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    out: dict = {"seeds": seeds, "steps": load_config(args.config, base).learner.num_steps}
+    out: dict = {"seeds": seeds, "steps": num_steps}
     for name, runs in results.items():
-        key = name.replace("+", "_plus_")
+        key = keys[name]
         out[f"{key}_heldout_after"] = [r["heldout_after"] for r in runs]
         for fig in ("heldout_after", "curve_mean", "groups_generated", "train_seconds"):
             out[f"{key}_{fig}_mean"] = _mean([r[fig] for r in runs])
@@ -132,8 +135,7 @@ def main(args: argparse.Namespace) -> int:
         "\narm                        held-out after   curve mean   groups generated",
         file=sys.stderr,
     )
-    for name in arms:
-        key = name.replace("+", "_plus_")
+    for name, key in keys.items():
         print(
             f"{name:26s} {out[f'{key}_heldout_after_mean']:14.3f} "
             f"{out[f'{key}_curve_mean_mean']:12.3f} {out[f'{key}_groups_generated_mean']:18.0f}",
