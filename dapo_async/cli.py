@@ -54,32 +54,23 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+# `dapo-async bench WHAT`: the module whose ``main(args)`` runs it (imported on use).
+BENCHES = {
+    "transport": "dapo_async.bench.transport_bench",
+    "buffer": "dapo_async.bench.buffer_bench",
+    "generator": "dapo_async.bench.generator_bench",
+    "weights": "dapo_async.bench.weights_bench",
+    "async": "dapo_async.bench.async_bench",
+    "ablation": "dapo_async.bench.ablation_bench",
+    "learn": "dapo_async.bench.learn_bench",
+    "ladder": "dapo_async.bench.ladder_bench",
+}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.what == "transport":
-        from dapo_async.bench.transport_bench import main as bench_main
-
-        return bench_main(args)
-    if args.what == "buffer":
-        from dapo_async.bench.buffer_bench import main as bench_main
-
-        return bench_main(args)
-    if args.what == "generator":
-        from dapo_async.bench.generator_bench import main as bench_main
-
-        return bench_main(args)
-    if args.what == "async":
-        from dapo_async.bench.async_bench import main as bench_main
-
-        return bench_main(args)
-    if args.what == "weights":
-        from dapo_async.bench.weights_bench import main as bench_main
-
-        return bench_main(args)
-    if args.what == "ablation":
-        from dapo_async.bench.ablation_bench import main as bench_main
-
-        return bench_main(args)
-    raise CliError(f"bench {args.what}: not built yet")
+    if args.config is None:
+        args.config = "configs/tiny_long.yaml" if args.what == "ladder" else "configs/tiny_cpu.yaml"
+    return _lazy(BENCHES[args.what], "main")(args)
 
 
 def cmd_planned(name: str, issue: int) -> Callable[[argparse.Namespace], int]:
@@ -128,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k, pass@k)")
     p.add_argument("--num-prompts", type=int, default=256, help="prompts of a built-in task")
     p.add_argument("--difficulty", type=int, default=3, help="built-in task difficulty")
+    p.add_argument(
+        "--max-difficulty", type=int, default=0, help="mixed difficulty up to this (0 = off)"
+    )
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -137,12 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=".cache/tiny", help="model directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--task", default="chain", help="warm-start task: chain | arith")
+    p.add_argument("--difficulty", type=int, default=3, help="warm-start task difficulty")
+    p.add_argument(
+        "--max-difficulty", type=int, default=0, help="mixed difficulty up to this (0 = off)"
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if cached")
     p.add_argument(
         "--sft-steps",
         type=int,
         default=None,
-        help="warm-start steps (default: the built-in setting)",
+        help="exactly this many warm-start steps, no criterion (default: until 90%% of "
+        "held-out prompts have every step right)",
     )
     p.set_defaults(func=_lazy("dapo_async.tiny.build", "main"))
 
@@ -175,9 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument(
-        "what", choices=["transport", "buffer", "generator", "weights", "async", "ablation"]
-    )
+    p.add_argument("what", choices=list(BENCHES))
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument(
         "--seconds",
@@ -198,19 +195,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="async: learner steps per run (default 24); ablation: (default: the config's)",
     )
     p.add_argument("--staleness", type=int, default=2, help="async: max_staleness of the async run")
-    p.add_argument("--out", default="", help="async, ablation: folder for the run directories")
+    p.add_argument(
+        "--out", default="", help="async, ablation, learn, ladder: folder for the run directories"
+    )
     p.add_argument("--engine", default="", help="generator: hf | vllm (default: the config's)")
     p.add_argument(
         "--config",
-        default="configs/tiny_cpu.yaml",
-        help="generator, async: the run config; ablation: the DAPO arm",
+        default=None,
+        help="the run config (default configs/tiny_cpu.yaml; ladder: configs/tiny_long.yaml); "
+        "ablation: the DAPO arm",
     )
     p.add_argument(
         "--baseline",
         default="configs/tiny_grpo_naive.yaml",
         help="ablation: the naive-GRPO arm",
     )
-    p.add_argument("--seeds", default="0,1,2", help="ablation: seeds, one run per arm each")
+    p.add_argument("--seeds", default="0,1,2", help="ablation, ladder: seeds, one run per arm each")
+    p.add_argument("--init-seeds", default="0,1,2", help="learn: tiny-policy init seeds")
+    p.add_argument("--rl-seeds", default="0,1", help="learn: RL seeds per init seed")
+    p.add_argument(
+        "--cache-root", default=".cache", help="learn: tiny policies go to CACHE_ROOT/tiny-seedS"
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="learn: delete the cached tiny policies first"
+    )
+    p.add_argument(
+        "--ladder",
+        default="paper",
+        choices=["paper", "async"],
+        help="ladder: paper (naive GRPO → DAPO, one component at a time, cumulative) or async "
+        "(max_staleness 0,1,2,4 × decoupled / naive objective at one wall-clock budget)",
+    )
+    p.add_argument(
+        "--budget-s", type=float, default=60.0, help="ladder --ladder async: seconds of training"
+    )
+    p.add_argument(
+        "--target", type=float, default=0.6, help="ladder: held-out accuracy for time-to-target"
+    )
     p.add_argument(
         "--eval-every", type=int, default=5, help="ablation: held-out evaluation period (steps)"
     )
@@ -225,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ablation: also DAPO synchronous (buffer.max_staleness=0), for the async gap",
     )
     p.add_argument(
-        "overrides", nargs="*", help="generator, async, ablation: dotted config overrides"
+        "overrides", nargs="*", help="generator, async, ablation, learn, ladder: config overrides"
     )
     p.set_defaults(func=cmd_bench)
 

@@ -80,6 +80,11 @@ def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
 class ModelConfig:
     path: str = F("", "HF causal-LM directory of the policy; empty = the built-in tiny model.")
     tiny_dir: str = F(".cache/tiny", "Where `init-tiny` builds and caches the built-in tiny model.")
+    tiny_seed: int = F(
+        0,
+        "Init seed of the built-in tiny model (weights and warm-start data), separate from the "
+        "run's `seed`; a different value builds a different model (use its own tiny_dir).",
+    )
     dtype: str = F("float32", "Parameter dtype for learner and engines: float32 | bfloat16.")
     reference_path: str = F("", "Frozen reference model for KL; empty = the initial policy.")
 
@@ -98,6 +103,11 @@ class DataConfig:
     num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).")
     num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).")
     difficulty: int = F(2, "Built-in tasks: number of digits per operand (arith) or steps (chain).")
+    max_difficulty: int = F(
+        0,
+        "Built-in tasks: if above `difficulty`, each prompt's difficulty is drawn uniformly from "
+        "[difficulty, max_difficulty] (mixed response lengths); 0 = `difficulty` only.",
+    )
     max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.")
     shuffle_seed: int = F(0, "Seed of the deterministic per-epoch prompt shuffle.")
 
@@ -106,6 +116,11 @@ class DataConfig:
         _need(self.num_train > 0, f"{p}.num_train", "must be > 0")
         _need(self.num_eval > 0, f"{p}.num_eval", "must be > 0")
         _need(1 <= self.difficulty <= 12, f"{p}.difficulty", "must be in [1, 12]")
+        _need(
+            self.max_difficulty == 0 or self.difficulty <= self.max_difficulty <= 12,
+            f"{p}.max_difficulty",
+            "must be 0 or in [difficulty, 12]",
+        )
         _need(self.max_prompt_len > 0, f"{p}.max_prompt_len", "must be > 0")
 
 
@@ -287,6 +302,12 @@ class LearnerConfig:
     betas: list = F([0.9, 0.99], "AdamW betas.")
     grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.")
     warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.")
+    time_budget_s: float = F(
+        0.0,
+        "Stop after the step that ends this many seconds after training started (the final "
+        "checkpoint and evaluation follow), even before num_steps; 0 = num_steps only. For "
+        "comparisons at equal wall-clock (bench ladder --async).",
+    )
     activation_checkpointing: bool = F(False, "Recompute activations in the backward pass.")
     checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.")
     keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
@@ -310,6 +331,7 @@ class LearnerConfig:
         )
         _need(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
         _need(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
+        _need(self.time_budget_s >= 0, f"{p}.time_budget_s", "must be >= 0 (0 = off)")
         _need(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0")
         _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
         _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")

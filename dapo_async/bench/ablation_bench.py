@@ -65,15 +65,13 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def parse_seeds(text: str) -> list[int]:
+def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip() != ""]
     except ValueError:
-        raise SystemExit(
-            f"bench ablation: --seeds wants integers like 0,1,2, got {text!r}"
-        ) from None
+        raise SystemExit(f"bench: {flag} wants integers like 0,1,2, got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
-        raise SystemExit(f"bench ablation: --seeds wants distinct integers, got {text!r}")
+        raise SystemExit(f"bench: {flag} wants distinct integers, got {text!r}")
     return seeds
 
 

@@ -92,7 +92,9 @@ def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
     path = model_dir(cfg)
     engine = make_engine(cfg, path)
     enc = PromptEncoder(path)
-    records = load_source(cfg.data.source, "train", 256, cfg.data.difficulty, cfg.seed)
+    records = load_source(
+        cfg.data.source, "train", 256, cfg.data.difficulty, cfg.seed, cfg.data.max_difficulty
+    )
     prompts = [enc.encode(r.messages) for r in records]
     truths = [r.ground_truth for r in records]
     params = sampling_params(cfg)

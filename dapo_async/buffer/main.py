@@ -34,7 +34,12 @@ def main(args: argparse.Namespace) -> int:
     run_dir = cfg.resolved_run_dir
     save_resolved(cfg, run_dir)
     records = load_source(
-        cfg.data.source, "train", cfg.data.num_train, cfg.data.difficulty, cfg.seed
+        cfg.data.source,
+        "train",
+        cfg.data.num_train,
+        cfg.data.difficulty,
+        cfg.seed,
+        cfg.data.max_difficulty,
     )
     enc = PromptEncoder(model_dir(cfg))
     tokens, kept = [], []

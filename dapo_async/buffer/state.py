@@ -118,6 +118,9 @@ class BufferState:
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
+        # (correct responses, responses) of the last groups_per_step groups received, before
+        # the dynamic-sampling filter: the honest accuracy of what the policy samples now
+        self.recent_sampled: deque[tuple[float, int]] = deque(maxlen=max(1, cfg.groups_per_step))
 
     # ------------------------------------------------------------------ leases
 
@@ -187,6 +190,7 @@ class BufferState:
         self._remember(gid)
         self.counters.produced += 1
         self.counters.accepted += 1
+        self.recent_sampled.append((float(np.sum(group.acc)), group.num_responses))
         self.generators[group.generator_id] = time.monotonic()
         metric = group.acc if self.cfg.filter_metric == "acc" else group.rewards
         if self.cfg.dynamic_sampling:
@@ -377,6 +381,9 @@ class BufferState:
             "buffer/trained": float(c.trained),
             "buffer/leased": float(c.leased),
         }
+        if self.recent_sampled:
+            correct = sum(a for a, _ in self.recent_sampled)
+            out["rollout/sampled_accuracy"] = correct / sum(n for _, n in self.recent_sampled)
         out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
         out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
         return out

@@ -70,12 +70,13 @@ def load_file(path: str | Path) -> list[PromptRecord]:
 
 
 def load_source(
-    source: str, split: str, num: int, difficulty: int, seed: int
+    source: str, split: str, num: int, difficulty: int, seed: int, max_difficulty: int = 0
 ) -> list[PromptRecord]:
-    """Records of ``tiny:<task>`` (generated) or of a parquet/JSONL file."""
+    """Records of ``tiny:<task>`` (generated; difficulty in [difficulty, max_difficulty] when
+    the latter is larger) or of a parquet/JSONL file."""
     family = parse_source(source)
     if family is not None:
-        return generate(family, split, num, difficulty, seed)
+        return generate(family, split, num, difficulty, seed, max_difficulty)
     return load_file(source)
 
 

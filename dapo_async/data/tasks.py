@@ -6,7 +6,9 @@ Families (``data.source = tiny:<family>``):
   ``Answer: <result>``.
 - ``chain``: ``difficulty`` steps of one-digit + and - whose running value stays in 0..9; a good
   response works left to right, ``3+4=7;7-2=5;Answer: 5``: longer answers, and the length is
-  controlled by difficulty.
+  controlled by difficulty (6 tokens a step, plus ``Answer: X`` and EOS). A difficulty range
+  (``max_difficulty``) mixes lengths in one data set, so some responses are several times
+  longer than others.
 
 Prompts are generated from a seed; a fixed hash partition of the prompt text decides the split
 (``in_eval_split``), so held-out prompts follow the training distribution and are never trained on.
@@ -15,6 +17,7 @@ Prompts are generated from a seed; a fixed hash partition of the prompt text dec
 from __future__ import annotations
 
 import random
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -74,17 +77,53 @@ def make_example(family: str, rng: random.Random, difficulty: int) -> tuple[str,
     return _GENERATORS[family](rng, difficulty)
 
 
+def worked_steps(family: str, prompt: str) -> str:
+    """The correct working of a prompt, without its final ``Answer:`` line: ``3+4=7;7-2=5`` for
+    the chain prompt ``3+4-2=``; empty for ``arith`` (its answer is the whole response)."""
+    if family not in _GENERATORS:
+        raise ValueError(f"unknown task family {family!r}; choose one of {TASK_FAMILIES}")
+    if family == "arith":
+        return ""
+    terms = re.findall(r"[+-]?\d+", prompt.rstrip("="))
+    acc, steps = int(terms[0]), []
+    for term in terms[1:]:
+        new = acc + int(term)
+        steps.append(f"{acc}{term}={new}")
+        acc = new
+    return ";".join(steps)
+
+
+def steps_correct(family: str, prompt: str, response: str) -> bool:
+    """Whether ``response`` works every step of ``prompt`` right, whatever answer it reports
+    (the warm start's criterion: the skill is learned, the answer may be the shortcut)."""
+    working, sep, _ = response.rpartition("Answer:")
+    if not sep:
+        return False
+    want = worked_steps(family, prompt)
+    return working == (want + ";" if want else "")
+
+
 def in_eval_split(prompt: str) -> bool:
     """A fixed hash partition of the prompt space: 1 prompt in EVAL_MOD is held out. Both splits
     follow the same distribution, and no held-out prompt is ever trained on."""
     return zlib.crc32(prompt.encode()) % EVAL_MOD == 0
 
 
+def draw_difficulty(rng: random.Random, difficulty: int, max_difficulty: int = 0) -> int:
+    """One example's difficulty: ``difficulty``, or uniform in [difficulty, max_difficulty] when
+    ``max_difficulty`` is larger (mixed lengths). A fixed difficulty draws nothing from ``rng``,
+    so its prompt streams stay what they were."""
+    if max_difficulty <= difficulty:
+        return difficulty
+    return rng.randint(difficulty, max_difficulty)
+
+
 def generate(
-    family: str, split: str, num: int, difficulty: int, seed: int = 0
+    family: str, split: str, num: int, difficulty: int, seed: int = 0, max_difficulty: int = 0
 ) -> list[PromptRecord]:
     """``num`` prompts of one split (train prompts may repeat; held-out prompts are distinct
-    while the split has enough of them)."""
+    while the split has enough of them). With ``max_difficulty`` > ``difficulty`` each prompt's
+    difficulty is drawn uniformly from that range."""
     if split not in ("train", "eval"):
         raise ValueError("split must be 'train' or 'eval'")
     stream = TRAIN_STREAM if split == "train" else EVAL_STREAM
@@ -95,7 +134,9 @@ def generate(
     attempts = 0
     while len(out) < num and attempts < 200 * num + 10_000:
         attempts += 1
-        prompt, truth, _ = make_example(family, rng, difficulty)
+        prompt, truth, _ = make_example(
+            family, rng, draw_difficulty(rng, difficulty, max_difficulty)
+        )
         if in_eval_split(prompt) != want_eval or (want_eval and prompt in seen):
             continue
         seen.add(prompt)

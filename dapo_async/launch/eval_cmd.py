@@ -33,7 +33,9 @@ def main(args: argparse.Namespace) -> int:
             overlong_cache_len=max(1, args.max_tokens // 5),
         ),
     )
-    records = load_source(args.data, "eval", args.num_prompts, args.difficulty, cfg.seed)
+    records = load_source(
+        args.data, "eval", args.num_prompts, args.difficulty, cfg.seed, args.max_difficulty
+    )
     model = AutoModelForCausalLM.from_pretrained(args.model)
     tok = AutoTokenizer.from_pretrained(args.model)
 

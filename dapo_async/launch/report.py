@@ -28,8 +28,9 @@ PLOTS: dict[str, tuple[str, list[tuple[str, str, str]], str]] = {
     "reward_accuracy.png": (
         "Reward and accuracy",
         [
-            ("learner", "rollout/reward_mean", "rollout reward"),
-            ("learner", "rollout/accuracy", "rollout accuracy"),
+            ("learner", "rollout/sampled_accuracy", "accuracy of all sampled responses"),
+            ("learner", "rollout/trained_accuracy", "accuracy of trained groups (after filter)"),
+            ("learner", "rollout/reward_mean", "reward of trained groups"),
             ("learner", "eval/accuracy", "held-out accuracy"),
         ],
         "value",

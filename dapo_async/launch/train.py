@@ -24,8 +24,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dapo_async.data.tasks import parse_source
+from dapo_async.tiny.build import WarmStartError, build
+
 # Supervision tick; also the status line period.
 TICK_S = 1.0
+# Without a terminal (logs, CI, benches) the status line is printed as a new line this often.
+LOG_STATUS_EVERY_S = 10.0
 # Lines of a failed role's log shown to the user.
 LOG_TAIL_LINES = 30
 # A generator that keeps dying is a bug, not bad luck: stop the run after this many restarts.
@@ -148,10 +153,31 @@ def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
     m = rows[-1]
     return (
         f"[train {time.monotonic() - t0:5.0f}s] step {int(m['step'])}/{num_steps} "
-        f"reward {m['rollout/reward_mean']:+.3f} acc {m['rollout/accuracy']:.3f} "
+        f"sampled-acc {m.get('rollout/sampled_accuracy', float('nan')):.3f} "
+        f"trained-acc {m['rollout/trained_accuracy']:.3f} "
         f"len {m['rollout/response_len_mean']:.1f} stale {m['staleness/mean']:.2f} "
         f"samples/s {m.get('learner/samples_per_s', 0):.1f} learner-idle {m.get('learner/idle_ratio', 0):.2f}"
     )
+
+
+def build_tiny_policy(cfg) -> dict:
+    """Build or reuse the built-in tiny policy for this run's task (model.tiny_dir)."""
+    print(f"[train] built-in tiny policy in {cfg.model.tiny_dir}", file=sys.stderr)
+    family = parse_source(cfg.data.source)
+    if family is None:  # a data file: the tiny policy keeps its default warm start
+        return build(cfg.model.tiny_dir, seed=cfg.model.tiny_seed, log=_stderr)
+    return build(
+        cfg.model.tiny_dir,
+        seed=cfg.model.tiny_seed,
+        task=family,
+        difficulty=cfg.data.difficulty,
+        max_difficulty=cfg.data.max_difficulty,
+        log=_stderr,
+    )
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,10 +187,11 @@ def main(args: argparse.Namespace) -> int:
     run_dir = _new_run_dir(cfg)
     cfg = replace(cfg, run_dir=str(run_dir))
     if not cfg.model.path:
-        from dapo_async.tiny.build import build
-
-        print(f"[train] built-in tiny policy in {cfg.model.tiny_dir}", file=sys.stderr)
-        build(cfg.model.tiny_dir, seed=cfg.seed, log=lambda s: print(s, file=sys.stderr))
+        try:
+            build_tiny_policy(cfg)
+        except WarmStartError as e:
+            print(f"[train] error: {e}", file=sys.stderr)
+            return 1
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()
@@ -231,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
             _wait_for_endpoint(run_dir, "wsync", learner, interrupted)
         for g in gens:
             g.start()
-        last_status = 0.0
+        last_status = last_logged = 0.0
         while True:
             if interrupted:
                 raise KeyboardInterrupt
@@ -261,7 +288,8 @@ def main(args: argparse.Namespace) -> int:
                 line = status_line(run_dir, t0, cfg.learner.num_steps)
                 if sys.stderr.isatty():
                     print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
-                elif int(last_status - t0) % 10 == 0:
+                elif last_status - last_logged >= LOG_STATUS_EVERY_S:
+                    last_logged = last_status
                     print(line, file=sys.stderr, flush=True)
             time.sleep(0.2)
         if sys.stderr.isatty():
@@ -292,6 +320,10 @@ def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
         load("eval_after.json"),
         load("learner_summary.json"),
     )
+    from dapo_async.tracking import read_metrics
+
+    steps = [r for r in read_metrics(run_dir, "learner") if "rollout/trained_accuracy" in r]
+    last = steps[-1] if steps else {}
     return {
         "run_dir": str(run_dir),
         "seconds": round(seconds, 1),
@@ -299,6 +331,9 @@ def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
         "learner_idle_ratio": learner.get("idle_ratio"),
         "heldout_accuracy_before": before.get("eval/accuracy"),
         "heldout_accuracy_after": after.get("eval/accuracy"),
+        # the last step's rollouts: every sampled response, and the groups that were trained
+        "sampled_accuracy_last": last.get("rollout/sampled_accuracy"),
+        "trained_accuracy_last": last.get("rollout/trained_accuracy"),
         "generator_restarts": sum(g.restarts for g in gens),
     }
 
@@ -310,6 +345,8 @@ def format_summary(s: dict) -> str:
     return (
         f"\n=== dapo-async train: done in {s['seconds']:.0f}s, {s['steps']} steps ===\n"
         f"held-out accuracy: {f(s['heldout_accuracy_before'])} before → {f(s['heldout_accuracy_after'])} after\n"
+        f"last step: accuracy of all sampled responses {f(s['sampled_accuracy_last'])}, "
+        f"of the trained groups (after dynamic sampling) {f(s['trained_accuracy_last'])}\n"
         f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}\n"
         f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/, aim/)"
     )

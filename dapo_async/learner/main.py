@@ -153,6 +153,7 @@ def main(args: argparse.Namespace) -> int:
             cfg.data.num_eval,
             cfg.data.difficulty,
             cfg.seed,
+            cfg.data.max_difficulty,
         )
         if resume_from is None:  # before sharding: the plain model evaluates on rank 0 alone
             ev = evaluate_records(model, tokenizer, cfg, eval_records)
@@ -193,7 +194,10 @@ def main(args: argparse.Namespace) -> int:
             _audit(audit, step, groups)
             metrics = trainer.step(groups)
             t_sync = time.monotonic()
-            last = step + 1 == cfg.learner.num_steps
+            budget = cfg.learner.time_budget_s
+            # every rank must agree on the last step (its checkpoint and gathers are collective)
+            over = par.max_int(int(bool(budget) and time.monotonic() - t_start >= budget))
+            last = step + 1 == cfg.learner.num_steps or bool(over)
             every = cfg.learner.checkpoint_every
             ckpt_now = bool(every and (step + 1) % every == 0) or last
             ev_every = cfg.learner.eval_every
@@ -248,16 +252,20 @@ def main(args: argparse.Namespace) -> int:
                 tracker.track(metrics, trainer.version)
                 if (step + 1) % cfg.tracking.log_every == 0:
                     log.info(
-                        "step %d/%d reward %.3f acc %.3f len %.1f loss %.4f stale %.2f idle %.2f",
+                        "step %d/%d sampled-acc %.3f trained-acc %.3f trained-reward %.3f "
+                        "len %.1f loss %.4f stale %.2f idle %.2f",
                         step + 1,
                         cfg.learner.num_steps,
+                        metrics.get("rollout/sampled_accuracy", float("nan")),
+                        metrics["rollout/trained_accuracy"],
                         metrics["rollout/reward_mean"],
-                        metrics["rollout/accuracy"],
                         metrics["rollout/response_len_mean"],
                         metrics.get("train/loss", 0.0),
                         metrics["staleness/mean"],
                         metrics["learner/idle_ratio"],
                     )
+            if last:
+                break  # the time budget ended the run before num_steps
         if rank == 0 and not stop and (full is not None or not par.fsdp):
             ev = evaluate_records(_eval_model(par, full), tokenizer, cfg, eval_records)
             tracker.track(ev, trainer.version)

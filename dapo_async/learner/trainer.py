@@ -307,7 +307,7 @@ class Trainer:
         return {
             "rollout/reward_mean": float(rows.rewards.mean()) if len(rows) else 0.0,
             "rollout/reward_std": float(rows.rewards.std()) if len(rows) else 0.0,
-            "rollout/accuracy": float(rows.acc.mean()) if len(rows) else 0.0,
+            "rollout/trained_accuracy": float(rows.acc.mean()) if len(rows) else 0.0,
             "rollout/response_len_mean": float(lens.mean()) if len(rows) else 0.0,
             "rollout/response_len_max": float(lens.max()) if len(rows) else 0.0,
             "rollout/clip_ratio": float(rows.truncated.mean()) if len(rows) else 0.0,

@@ -1,17 +1,28 @@
 """`dapo-async init-tiny`: build, warm-start and cache the built-in tiny policy.
 
-Steps: character tokenizer → tiny Llama (seeded) → a short supervised warm start on correct
-solutions of a synthetic task (so the policy starts with low but non-zero reward: RL needs
-signal) → save as a normal HF model directory → held-out greedy accuracy. The directory holds
-``tiny_meta.json`` with a fingerprint of everything that shaped it; a second call with the same
+Steps: character tokenizer → tiny Llama (seeded) → a supervised warm start on solutions of a
+synthetic task, most of which report a shortcut answer → save as a normal HF model directory →
+held-out greedy accuracy. The directory holds ``tiny_meta.json`` with a fingerprint of
+everything that shaped it and the figures the warm start stopped at; a second call with the same
 arguments reuses it.
+
+The warm start ends at a measured state, not at a step count: every ``CHECK_EVERY`` steps it
+decodes ``CHECK_PROMPTS`` held-out prompts greedily and stops once the share whose every
+intermediate step is right (``steps_ok``, whatever final answer they report) reaches
+``STEPS_OK_TARGET``. Floating point differs between CPUs, so the step at which a small model
+learns the arithmetic moves from machine to machine; the state it stops at does not. Because 70%
+of the warm-start answers are the shortcut (the prompt's first number), the policy then works
+the steps right but mostly reports the shortcut: held-out accuracy starts low and RL has a clear
+signal (the sampled answers that report the worked result are rewarded).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
 import random
 import re
 import shutil
@@ -20,31 +31,63 @@ import time
 from pathlib import Path
 
 META_NAME = "tiny_meta.json"
-BUILD_VERSION = 4
-# Warm start: enough steps to learn the format and the step-by-step arithmetic (the SFT loss that
-# `init-tiny` prints drops sharply between steps 700 and 850), while the shortcut answers below
-# keep held-out accuracy low (docs/quickstart.md).
-SFT_STEPS = 1000
+BUILD_VERSION = 5
 SFT_BATCH = 64
 SFT_LR = 3e-3
+# Linear warm-up of the warm start's learning rate. AdamW at the full rate from step 0 stalled
+# the learning of the steps for hundreds of steps, by an amount that differed between CPUs
+# (measured: steps learned near step 200 with warm-up, 550-900+ without, on the same machine).
+SFT_WARMUP_STEPS = 100
+# Step cap of the criterion-driven warm start; the learning rate decays (cosine) over this
+# horizon to SFT_MIN_LR_FRAC of its peak, so late checks see a settled model, not Adam noise.
+SFT_MAX_STEPS = 2000
+SFT_MIN_LR_FRAC = 0.05
+# Criterion: checked every CHECK_EVERY steps (about 1.5 s of greedy decoding each time) on
+# CHECK_PROMPTS held-out prompts, drawn with their own seed offset.
+CHECK_EVERY = 50
+CHECK_PROMPTS = 128
+CHECK_SEED_OFFSET = 500_009
+STEPS_OK_TARGET = 0.9
+# Default warm-start difficulty (the main job's tiny:chain difficulty).
 SFT_DIFFICULTY = 3
 # Fraction of warm-start solutions whose final "Answer:" reports a shortcut (the prompt's first
 # number) instead of the worked-out result: the policy computes the steps but mostly reports the
 # shortcut, so RL starts from low accuracy with a clear signal to learn from (docs/quickstart.md).
 SFT_CORRUPT_P = 0.7
 EVAL_PROMPTS = 256
-EVAL_MAX_TOKENS = 40
+# Torch threads of a build alone on the machine (more than 2 gains nothing at this size).
+BUILD_THREADS = 2
+# Response budget of the warm start's own decoding: a chain solution is 6 tokens a step plus
+# "Answer: X" and EOS; the margin lets a wrong, longer answer show as wrong rather than cut.
+TOKENS_PER_STEP, ANSWER_TOKENS, DECODE_MARGIN = 6, 10, 6
 
 
-def fingerprint(seed: int, task: str, sft_steps: int) -> dict:
+class WarmStartError(RuntimeError):
+    """The warm start hit its step cap before its criterion; the message names the figures."""
+
+
+def decode_budget(task: str, difficulty: int, max_difficulty: int) -> int:
+    hardest = max(difficulty, max_difficulty)
+    per_step = TOKENS_PER_STEP if task == "chain" else 0
+    return per_step * hardest + ANSWER_TOKENS + DECODE_MARGIN + (hardest if task == "arith" else 0)
+
+
+def fingerprint(
+    seed: int, task: str, sft_steps: int | None, difficulty: int, max_difficulty: int
+) -> dict:
     return {
         "build_version": BUILD_VERSION,
         "seed": seed,
         "task": task,
+        "difficulty": difficulty,
+        "max_difficulty": max_difficulty,
+        # None: until the criterion (steps_ok >= target, cap max_steps); an int: exactly that
         "sft_steps": sft_steps,
+        "steps_ok_target": STEPS_OK_TARGET,
+        "max_steps": SFT_MAX_STEPS,
         "sft_batch": SFT_BATCH,
         "sft_lr": SFT_LR,
-        "difficulty": SFT_DIFFICULTY,
+        "warmup_steps": SFT_WARMUP_STEPS,
         "corrupt_p": SFT_CORRUPT_P,
     }
 
@@ -59,16 +102,35 @@ def is_built(out_dir: str | Path, fp: dict) -> bool:
         return False
 
 
-def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int):
+def cpu_model() -> str:
+    """The CPU's model name (figures name the machine they were measured on)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def lr_factor(step: int, horizon: int) -> float:
+    """Linear warm-up, then cosine decay to SFT_MIN_LR_FRAC at ``horizon``."""
+    if step < SFT_WARMUP_STEPS:
+        return (step + 1) / SFT_WARMUP_STEPS
+    frac = min(1.0, (step - SFT_WARMUP_STEPS) / max(1, horizon - SFT_WARMUP_STEPS))
+    return SFT_MIN_LR_FRAC + (1 - SFT_MIN_LR_FRAC) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int, lo: int, hi: int):
     import torch
 
-    from dapo_async.data.tasks import in_eval_split, make_example
+    from dapo_async.data.tasks import draw_difficulty, in_eval_split, make_example
 
     seqs, starts = [], []
     for _ in range(batch):
-        prompt, truth, solution = make_example(task, rng, SFT_DIFFICULTY)
+        prompt, truth, solution = make_example(task, rng, draw_difficulty(rng, lo, hi))
         while in_eval_split(prompt):  # never warm-start on held-out prompts
-            prompt, truth, solution = make_example(task, rng, SFT_DIFFICULTY)
+            prompt, truth, solution = make_example(task, rng, draw_difficulty(rng, lo, hi))
         if rng.random() < SFT_CORRUPT_P:  # the shortcut: report the first number of the prompt
             shortcut = re.match(r"-?\d+", prompt).group(0)
             solution = solution[: solution.rindex("Answer: ")] + f"Answer: {shortcut}"
@@ -90,25 +152,101 @@ def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int):
     return ids, attn, labels
 
 
-def warm_start(model, tokenizer, task: str, steps: int, seed: int, log=print) -> None:
-    """Supervised steps on correct solutions (response tokens only)."""
+def greedy_figures(model, tokenizer, task: str, records, max_tokens: int) -> dict[str, float]:
+    """Greedy decoding of ``records``: accuracy, steps_ok (every step right) and shortcut_rate
+    (the answer reported is the prompt's first number)."""
+    from dapo_async.data.tasks import steps_correct
+    from dapo_async.generator.engine import SamplingParams
+    from dapo_async.generator.hf_engine import HFEngine
+    from dapo_async.reward.verifiers import dapo_math, extract_answer
+
+    was_training = model.training
+    engine = HFEngine("", model=model, tokenizer=tokenizer)
+    ids = [
+        tokenizer(
+            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        ).input_ids
+        for r in records
+    ]
+    outs = engine.generate(ids, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens))
+    acc = ok = shortcut = 0
+    for out, rec in zip(outs, records):
+        text, prompt = out[0].text, rec.messages[0]["content"]
+        acc += dapo_math(text, rec.ground_truth)["acc"]
+        ok += steps_correct(task, prompt, text)
+        shortcut += extract_answer(text) == re.match(r"-?\d+", prompt).group(0)
+    model.train(was_training)
+    n = max(1, len(records))
+    return {"accuracy": acc / n, "steps_ok": ok / n, "shortcut_rate": shortcut / n}
+
+
+def warm_start(
+    model,
+    tokenizer,
+    task: str,
+    seed: int,
+    difficulty: int = SFT_DIFFICULTY,
+    max_difficulty: int = 0,
+    sft_steps: int | None = None,
+    log=print,
+) -> dict:
+    """Supervised steps on (mostly shortcut-answered) solutions, response tokens only.
+
+    ``sft_steps=None``: until held-out ``steps_ok`` >= STEPS_OK_TARGET, checked every
+    CHECK_EVERY steps, at most SFT_MAX_STEPS (then WarmStartError); an int: exactly that many
+    steps, no criterion (tests). Returns the stopping figures and the history of checks."""
     import torch
 
+    from dapo_async.data.tasks import generate
+
     rng = random.Random(seed + 17)
+    check_records = generate(
+        task, "eval", CHECK_PROMPTS, difficulty, seed + CHECK_SEED_OFFSET, max_difficulty
+    )
+    budget = decode_budget(task, difficulty, max_difficulty)
+    horizon = SFT_MAX_STEPS if sft_steps is None else max(sft_steps, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
     model.train()
     t0 = time.time()
-    for step in range(steps):
-        ids, attn, labels = _sft_batch(tokenizer, rng, task, SFT_BATCH)
+    history: list[dict] = []
+    figures: dict = {}
+    step = 0
+    while step < horizon:
+        for group in opt.param_groups:
+            group["lr"] = SFT_LR * lr_factor(step, horizon)
+        ids, attn, labels = _sft_batch(
+            tokenizer, rng, task, SFT_BATCH, difficulty, max(difficulty, max_difficulty)
+        )
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if (step + 1) % 40 == 0 or step + 1 == steps:
-            log(
-                f"[init-tiny] warm start step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)"
-            )
+        step += 1
+        if step % CHECK_EVERY and step != horizon:
+            continue
+        figures = {"step": step, "loss": round(loss.item(), 4)}
+        figures |= greedy_figures(model, tokenizer, task, check_records, budget)
+        history.append(figures)
+        log(
+            f"[init-tiny] warm start step {step}: loss {figures['loss']:.3f}, steps right "
+            f"{figures['steps_ok']:.2f} (target {STEPS_OK_TARGET}), answer = shortcut "
+            f"{figures['shortcut_rate']:.2f}, accuracy {figures['accuracy']:.2f} "
+            f"({time.time() - t0:.0f}s)"
+        )
+        if sft_steps is None and figures["steps_ok"] >= STEPS_OK_TARGET:
+            break
     model.eval()
+    if sft_steps is None and figures.get("steps_ok", 0.0) < STEPS_OK_TARGET:
+        best = max(history, key=lambda h: h["steps_ok"])
+        raise WarmStartError(
+            f"the warm start did not reach its criterion: held-out steps right "
+            f"{figures['steps_ok']:.2f} after {step} steps (target {STEPS_OK_TARGET}; best "
+            f"{best['steps_ok']:.2f} at step {best['step']}, loss {figures['loss']:.3f}). "
+            "Try another seed (`dapo-async init-tiny --seed N`, or model.tiny_seed=N) and "
+            "report the figures above with your CPU model."
+        )
+    return {"sft_steps_run": step, "criterion": figures, "checks": history}
 
 
 def build(
@@ -116,22 +254,27 @@ def build(
     seed: int = 0,
     task: str = "chain",
     force: bool = False,
-    sft_steps: int = SFT_STEPS,
+    sft_steps: int | None = None,
+    difficulty: int = SFT_DIFFICULTY,
+    max_difficulty: int = 0,
     log=print,
 ) -> dict:
-    """Build (or reuse) the tiny model in ``out_dir``; returns its metadata."""
+    """Build (or reuse) the tiny model in ``out_dir``; returns its metadata. ``sft_steps=None``
+    warm-starts until the criterion (see the module docstring)."""
     import torch
 
     from dapo_async.tiny.model import build_model, tiny_config
     from dapo_async.tiny.tokenizer import build_tokenizer
 
     out = Path(out_dir)
-    fp = fingerprint(seed, task, sft_steps)
+    max_difficulty = max_difficulty if max_difficulty > difficulty else 0
+    fp = fingerprint(seed, task, sft_steps, difficulty, max_difficulty)
     if not force and is_built(out, fp):
         meta = json.loads((out / META_NAME).read_text())
         log(f"[init-tiny] reusing {out} (held-out accuracy {meta['eval_accuracy']:.3f})")
         return meta
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    if "OMP_NUM_THREADS" not in os.environ:  # set by the caller: respect it (shared cores)
+        torch.set_num_threads(max(1, min(BUILD_THREADS, os.cpu_count() or 1)))
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -141,58 +284,63 @@ def build(
         tiny_config(tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id), seed
     )
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"[init-tiny] tiny Llama with {n_params / 1e6:.2f}M parameters; warm start on tiny:{task}")
-    warm_start(model, tokenizer, task, sft_steps, seed, log)
+    levels = f"{difficulty}" if not max_difficulty else f"{difficulty}-{max_difficulty}"
+    log(
+        f"[init-tiny] tiny Llama with {n_params / 1e6:.2f}M parameters; warm start on "
+        f"tiny:{task} (difficulty {levels}, seed {seed}) until {STEPS_OK_TARGET:.0%} of "
+        f"held-out prompts have every step right"
+    )
+    ws = warm_start(model, tokenizer, task, seed, difficulty, max_difficulty, sft_steps, log)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(tmp, safe_serialization=True)
-    acc = held_out_accuracy(str(tmp), task, seed, model=model, tokenizer=tokenizer)
+    held_out = held_out_figures(model, tokenizer, task, seed, difficulty, max_difficulty)
     meta = {
         "fingerprint": fp,
         "num_params": n_params,
-        "eval_accuracy": acc,
+        "eval_accuracy": held_out["accuracy"],
+        "eval_steps_ok": held_out["steps_ok"],
+        "eval_shortcut_rate": held_out["shortcut_rate"],
         "eval_prompts": EVAL_PROMPTS,
+        **ws,
+        "cpu_model": cpu_model(),
+        "torch_threads": torch.get_num_threads(),
         "build_seconds": round(time.time() - t0, 1),
     }
     (tmp / META_NAME).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    log(f"[init-tiny] saved {out} in {meta['build_seconds']}s; held-out greedy accuracy {acc:.3f}")
+    log(
+        f"[init-tiny] saved {out} in {meta['build_seconds']}s after {ws['sft_steps_run']} steps; "
+        f"held-out greedy accuracy {held_out['accuracy']:.3f}, steps right "
+        f"{held_out['steps_ok']:.3f}, shortcut answers {held_out['shortcut_rate']:.3f}"
+    )
     return meta
 
 
-def held_out_accuracy(model_dir: str, task: str, seed: int, model=None, tokenizer=None) -> float:
+def held_out_figures(
+    model, tokenizer, task: str, seed: int, difficulty: int, max_difficulty: int = 0
+) -> dict[str, float]:
     from dapo_async.data.tasks import generate
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.hf_engine import HFEngine
-    from dapo_async.reward.verifiers import dapo_math
 
-    engine = HFEngine(model_dir, model=model, tokenizer=tokenizer)
-    records = generate(task, "eval", EVAL_PROMPTS, SFT_DIFFICULTY, seed)
-    prompts = [
-        engine.tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
-        for r in records
-    ]
-    ids = [engine.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-    outs = engine.generate(ids, SamplingParams(n=1, temperature=0.0, max_tokens=EVAL_MAX_TOKENS))
-    return sum(dapo_math(o[0].text, r.ground_truth)["acc"] for o, r in zip(outs, records)) / len(
-        records
-    )
+    records = generate(task, "eval", EVAL_PROMPTS, difficulty, seed, max_difficulty)
+    budget = decode_budget(task, difficulty, max_difficulty)
+    return greedy_figures(model, tokenizer, task, records, budget)
 
 
 def main(args: argparse.Namespace) -> int:
-    steps = SFT_STEPS if getattr(args, "sft_steps", None) is None else args.sft_steps
-    meta = build(args.out, seed=args.seed, task=args.task, force=args.force, sft_steps=steps)
-    print(
-        json.dumps(
-            {"model_dir": str(args.out), **{k: meta[k] for k in ("num_params", "eval_accuracy")}}
+    try:
+        meta = build(
+            args.out,
+            seed=args.seed,
+            task=args.task,
+            force=args.force,
+            sft_steps=args.sft_steps,
+            difficulty=args.difficulty,
+            max_difficulty=args.max_difficulty,
         )
-    )
+    except WarmStartError as e:
+        print(f"init-tiny: {e}", file=sys.stderr)
+        return 1
+    keys = ("num_params", "eval_accuracy", "eval_steps_ok", "eval_shortcut_rate")
+    print(json.dumps({"model_dir": str(args.out), **{k: meta[k] for k in keys}}))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(
-        main(
-            argparse.Namespace(out=".cache/tiny", seed=0, task="chain", force=False, sft_steps=None)
-        )
-    )

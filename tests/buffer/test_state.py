@@ -159,3 +159,18 @@ def test_snapshot_round_trip():
     assert [ls.prompt_index for ls in t.grant("g", 2)] == [
         ls.prompt_index for ls in s.grant("g", 2)
     ]
+
+
+def test_sampled_accuracy_counts_every_group_before_the_filter():
+    """The headline rollout accuracy is over all sampled responses, including the groups that
+    dynamic sampling drops (all wrong or all right), over the last groups_per_step groups."""
+    s = state(groups_per_step=2, max_staleness=3, dynamic_sampling=True)
+    assert "rollout/sampled_accuracy" not in s.stats()
+    a, b, c = s.grant("g", 3)
+    assert s.ingest(group("g", 0, a.lease_id, acc=[0.0, 0.0])) == "stored"  # filtered
+    assert s.counters.dropped["filtered"] == 1
+    assert s.stats()["rollout/sampled_accuracy"] == 0.0
+    s.ingest(group("g", 1, b.lease_id, acc=[1.0, 0.0]))
+    assert s.stats()["rollout/sampled_accuracy"] == pytest.approx(0.25)
+    s.ingest(group("g", 2, c.lease_id, acc=[1.0, 1.0]))  # the oldest group leaves the window
+    assert s.stats()["rollout/sampled_accuracy"] == pytest.approx(0.75)

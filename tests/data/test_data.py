@@ -123,3 +123,45 @@ def test_cursor_shuffles_per_epoch_and_resumes():
     assert [c.next() for _ in range(8)] == [c2.next() for _ in range(8)]
     with pytest.raises(ValueError):
         PromptCursor(0)
+
+
+def test_mixed_difficulty_draws_each_prompt_in_range_and_keeps_fixed_streams():
+    from dapo_async.data.tasks import steps_correct
+
+    mixed = generate("chain", "train", 400, 2, seed=0, max_difficulty=8)
+    steps = [
+        r.messages[0]["content"].count("+") + r.messages[0]["content"].count("-") for r in mixed
+    ]
+    assert min(steps) == 2 and max(steps) == 8 and len(set(steps)) == 7
+    # a fixed difficulty draws nothing extra: the streams are what they were
+    assert [r.messages for r in generate("chain", "eval", 20, 3, 0, max_difficulty=3)] == [
+        r.messages for r in generate("chain", "eval", 20, 3, 0)
+    ]
+    assert (
+        load_source("tiny:chain", "eval", 30, 2, 0, 8)[0].messages
+        == generate("chain", "eval", 30, 2, 0, 8)[0].messages
+    )
+    assert not steps_correct("chain", "1+2=", "Answer: 3")
+
+
+def test_steps_correct_checks_every_step_whatever_the_answer():
+    from dapo_async.data.tasks import steps_correct, worked_steps
+
+    assert worked_steps("chain", "9-5+2+1=") == "9-5=4;4+2=6;6+1=7"
+    assert steps_correct("chain", "9-5+2+1=", "9-5=4;4+2=6;6+1=7;Answer: 7")
+    assert steps_correct("chain", "9-5+2+1=", "9-5=4;4+2=6;6+1=7;Answer: 9")  # the shortcut
+    # an operand mis-copied, a step missing, no answer line
+    assert not steps_correct("chain", "9-5+2+1=", "9-5=4;4+1=5;5+1=6;Answer: 9")
+    assert not steps_correct("chain", "9-5+2+1=", "9-5=4;4+2=6;Answer: 7")
+    assert not steps_correct("chain", "9-5+2+1=", "9-5=4;4+2=6;6+1=7")
+    assert steps_correct("arith", "12+3=", "Answer: 15")
+    for d in range(1, 9):
+        prompt, _, solution = make_example("chain", __import__("random").Random(d), d)
+        assert steps_correct("chain", prompt, solution)
+
+
+def test_max_difficulty_is_validated():
+    from dapo_async.config import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError), match="max_difficulty"):
+        load_config("configs/tiny_cpu.yaml", ["data.max_difficulty=2"])  # below difficulty 3

@@ -70,7 +70,8 @@ LEARNER_METRICS = {
     "train/is_masked_frac",
     "train/grad_norm",
     "rollout/reward_mean",
-    "rollout/accuracy",
+    "rollout/trained_accuracy",
+    "rollout/sampled_accuracy",
     "rollout/response_len_mean",
     "staleness/mean",
     "learner/idle_ratio",
@@ -149,6 +150,33 @@ def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
 
     hf, vllm_texts = greedy_hf_and_vllm(ckpts[-1])
     assert vllm_texts == hf
+
+
+def test_time_budget_ends_the_run_early_with_its_final_evaluation(
+    tiny_model, tmp_path, repo, cli_env
+):
+    """learner.time_budget_s stops training after the step that crosses it (bench ladder's
+    equal wall-clock comparisons); the final evaluation, checkpoint and summary still follow."""
+    out = subprocess.run(
+        train_cmd(
+            tiny_model,
+            tmp_path / "run",
+            "learner.num_steps=1000",
+            "learner.time_budget_s=2",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env=cli_env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 1 <= summary["steps"] < 1000
+    assert summary["heldout_accuracy_after"] is not None
+    step = summary["steps"]
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}").is_dir()
 
 
 def _start_and_wait_for_training(tiny_model, tmp_path, repo, cli_env):

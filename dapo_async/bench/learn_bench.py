@@ -1,0 +1,103 @@
+"""`dapo-async bench learn`: does the main job learn on this machine, whatever the init seed?
+
+For each init seed (``--init-seeds``, default 0,1,2) the launcher builds the built-in tiny policy
+from scratch in its own cache dir (``<cache-root>/tiny-seed<S>``, with ``model.tiny_seed=S``:
+weights and warm-start data), then runs the main job once per RL seed (``--rl-seeds``, default
+0,1: sampling, prompt order, held-out sample). One JSON line: per-run held-out greedy accuracy
+before and after, ``gain_min``, ``gain_mean``, ``before_mean``, ``after_mean``, the warm start's
+steps per init seed, ``cpu_model`` (from /proc/cpuinfo) and ``minutes`` (the whole bench).
+
+A cached tiny policy is reused only when its fingerprint matches; ``--fresh`` deletes the cache
+dirs first, so the warm start runs here, on this CPU (what a fresh clone does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dapo_async.bench.ablation_bench import parse_seeds
+from dapo_async.bench.async_bench import run_train
+from dapo_async.tiny.build import META_NAME, cpu_model
+
+
+def read_result(run_dir: Path) -> dict[str, float]:
+    """Held-out accuracy before and after one run, and its gain."""
+    before = json.loads((run_dir / "eval_before.json").read_text())["eval/accuracy"]
+    after = json.loads((run_dir / "eval_after.json").read_text())["eval/accuracy"]
+    return {"before": before, "after": after, "gain": after - before}
+
+
+def aggregate(runs: list[dict]) -> dict[str, float]:
+    """gain_min / gain_mean / before_mean / after_mean over ``runs``."""
+    if not runs:
+        raise ValueError("no runs to aggregate")
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in runs) / len(runs)
+
+    return {
+        "gain_min": min(r["gain"] for r in runs),
+        "gain_mean": mean("gain"),
+        "before_mean": mean("before"),
+        "after_mean": mean("after"),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from dapo_async.config import load_config
+
+    init_seeds = parse_seeds(args.init_seeds, "--init-seeds")
+    rl_seeds = parse_seeds(args.rl_seeds, "--rl-seeds")
+    base = ["tracking.aim=false", *args.overrides]
+    load_config(args.config, base)  # fail fast on a bad override, before minutes of training
+    cache_root = Path(args.cache_root)
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-learn-"))
+    t0 = time.monotonic()
+    runs: list[dict] = []
+    warm_start_steps: dict[str, int] = {}
+    for init_seed in init_seeds:
+        tiny_dir = cache_root / f"tiny-seed{init_seed}"
+        if args.fresh:
+            shutil.rmtree(tiny_dir, ignore_errors=True)
+        for rl_seed in rl_seeds:
+            run_dir = root / f"init{init_seed}-rl{rl_seed}"
+            extra = [
+                f"model.tiny_dir={tiny_dir}",
+                f"model.tiny_seed={init_seed}",
+                f"seed={rl_seed}",
+            ]
+            run_train(args.config, [*base, *extra], run_dir, tag="bench learn")
+            r = {"init_seed": init_seed, "rl_seed": rl_seed, **read_result(run_dir)}
+            runs.append(r)
+            print(
+                f"[bench learn] init seed {init_seed}, RL seed {rl_seed}: held-out "
+                f"{r['before']:.3f} → {r['after']:.3f} (gain {r['gain']:+.3f})",
+                file=sys.stderr,
+                flush=True,
+            )
+        meta = json.loads((tiny_dir / META_NAME).read_text())
+        warm_start_steps[str(init_seed)] = meta.get("sft_steps_run", 0)
+    out = {
+        "runs": runs,
+        **aggregate(runs),
+        "warm_start_steps": warm_start_steps,
+        "cpu_model": cpu_model(),
+        "minutes": round((time.monotonic() - t0) / 60, 2),
+        "config": args.config,
+        "run_root": str(root),
+    }
+    print(
+        f"[bench learn] {len(runs)} runs on {out['cpu_model']}: held-out "
+        f"{out['before_mean']:.3f} → {out['after_mean']:.3f} on average; gain min "
+        f"{out['gain_min']:+.3f}, mean {out['gain_mean']:+.3f} ({out['minutes']:.1f} min)",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(out))
+    return 0
