@@ -1,9 +1,9 @@
 """Dynamic sampling (DAPO) and overlong filtering predicates. numpy only, so the buffer, which
 never imports torch, uses the same code as the learner.
 
-Dynamic sampling keeps a group only if its filter metric varies within the group (std > 0: not
-all correct, not all wrong), optionally also only if its mean accuracy lies in
-[min_acc, max_acc] (a band-pass). Overlong filtering masks the loss of truncated responses.
+Dynamic sampling keeps a group only if its filter metric varies within the group (max − min >
+ZERO_VARIANCE_TOL: not all correct, not all wrong; a group of one response never varies and is
+dropped), optionally also only if its mean accuracy lies in [min_acc, max_acc] (a band-pass). Overlong filtering masks the loss of truncated responses.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ outside [is_mask_low, is_mask_high], and whole sequences whose geometric-mean we
     seq-mean-token-sum-norm   Σ_i Σ_t loss_it / (N_seqs · L)    (Dr. GRPO, L a constant)
 
 N_tokens and N_seqs are passed in by the caller (counted over all micro-batches and all ranks),
-so summing the gradients of the parts equals the gradient of the whole batch.
+so summing the gradients of the parts equals the gradient of the whole batch. Both count only
+what is in the loss: a response masked whole (the overlong filter, padding rows) is in neither.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def aggregate(
     if mode == "token-mean":
         denom = global_num_tokens if global_num_tokens is not None else m.sum().clamp(min=1)
         return (loss_BT * m).sum() / denom
-    n_seqs = global_num_seqs if global_num_seqs is not None else max(loss_BT.shape[0], 1)
+    # a row with no token in the loss (padding, a filtered response) is no sequence
+    n_seqs = global_num_seqs if global_num_seqs is not None else (m.sum(1) > 0).sum().clamp(min=1)
     seq_sum_B = (loss_BT * m).sum(dim=1)
     if mode == "seq-mean-token-mean":
         return (seq_sum_B / m.sum(dim=1).clamp(min=1)).sum() / n_seqs

@@ -54,7 +54,9 @@ class HFEngine:
             do_sample=not greedy,
             temperature=None if greedy else params.temperature,
             top_p=None if greedy or params.top_p >= 1 else params.top_p,
-            top_k=0 if greedy or params.top_k <= 0 else params.top_k,  # None means 50 in HF
+            # sampling: 0 = off (None would mean HF's default of 50); greedy: unset (HF warns
+            # about sampling flags given without sampling)
+            top_k=None if greedy else (0 if params.top_k <= 0 else params.top_k),
             max_new_tokens=params.max_tokens,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,

@@ -226,10 +226,10 @@ class Trainer:
         parts = np.array_split(np.arange(len(rows)), k)
         micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
 
-        def counts(part):  # tokens and sequences of this mini-batch
+        def counts(part):  # tokens and sequences in the loss (filtered responses in neither)
             return [
                 float(sum(mb.mask_BT.sum().item() for mb in part)),
-                float(sum(int((mb.resp_len_B > 0).sum()) for mb in part)),
+                float(sum(int((mb.mask_BT.sum(1) > 0).sum()) for mb in part)),
             ]
 
         def micro_loss(mb, g, agg):

@@ -171,10 +171,19 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def nccl_options(timeout_s: float):
+    """NCCL group options carrying weight_sync.timeout_s: the constructor takes no timeout, and
+    without one NCCL uses its own default (10 minutes) instead of the configured one. c10d's
+    own group helper sets ``_timeout`` the same way."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timedelta(seconds=timeout_s)
+    return opts
+
+
 def _group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: str):
     prefix = dist.PrefixStore(f"wsync/{epoch}", store)
     if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefix, rank, size, dist.ProcessGroupNCCL.Options()), prefix
+        return dist.ProcessGroupNCCL(prefix, rank, size, nccl_options(timeout_s)), prefix
     return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s)), prefix
 
 

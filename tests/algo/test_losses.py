@@ -121,3 +121,19 @@ def test_bad_mode_rejected():
         PolicyLossConfig(loss_agg="mean")
     with pytest.raises(ValueError):
         aggregate(torch.zeros(1, 1), torch.ones(1, 1), "nope")
+
+
+def test_local_sequence_count_skips_fully_masked_rows():
+    """Without global counts, the seq-mean modes divide by the rows that have a token in the
+    loss: a padding row (or a filtered response) must not dilute the others."""
+    torch.manual_seed(0)
+    logp_BT = torch.randn(3, 4) * 0.1 - 2
+    mask_BT = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    adv_BT = torch.tensor([[1.0] * 4, [-1.0] * 4, [1.0] * 4])
+    for mode in ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
+        cfg = PolicyLossConfig(loss_agg=mode, norm_len=4)
+        with_pad, _ = policy_loss(logp_BT, logp_BT, logp_BT, adv_BT, mask_BT, cfg)
+        without, _ = policy_loss(
+            logp_BT[:2], logp_BT[:2], logp_BT[:2], adv_BT[:2], mask_BT[:2], cfg
+        )
+        assert torch.allclose(with_pad, without), mode

@@ -75,3 +75,42 @@ def test_checkpoint_round_trip_loads_in_transformers(tiny_model, tmp_path):
     AutoTokenizer.from_pretrained(str(path))
     state = C.load_trainer_state(path)
     assert state["version"] == 1 and state["optimizer"]["state"]
+
+
+def _first_gradient(tiny_model, cfg, groups) -> dict:
+    """The gradient of the first update of one step (captured before the optimizer)."""
+    trainer = build_trainer(tiny_model, cfg)
+    grads = {}
+    real_step = trainer._optimizer_step
+
+    def capture():
+        if not grads:
+            for name, p in trainer.model.named_parameters():
+                if p.grad is not None:
+                    grads[name] = p.grad.detach().clone()
+        return real_step()
+
+    trainer._optimizer_step = capture
+    trainer.step(groups)
+    return grads
+
+
+def test_overlong_filtered_responses_count_in_no_denominator(tiny_model):
+    """With the overlong filter on, a truncated response is out of the loss: adding a group of
+    truncated responses changes no gradient, in every aggregation mode (it used to stay in the
+    sequence count of the seq-mean modes and shrink every other sequence's weight)."""
+    from dapo_async.protocol import FINISH_LENGTH
+
+    groups = synthetic_groups(0, 4)
+    truncated = synthetic_groups(1, 1)[0]
+    truncated.finish[:] = FINISH_LENGTH
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        cfg = make_config(
+            "algo.overlong_filter=true",
+            f"algo.loss_agg={agg}",
+            "learner.num_minibatches=1",
+            "learner.grad_clip=0",
+        )
+        base = _first_gradient(tiny_model, cfg, groups)
+        more = _first_gradient(tiny_model, cfg, [*groups, truncated])
+        assert max_rel_err(more, base) <= 1e-5, agg
