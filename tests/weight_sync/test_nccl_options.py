@@ -2,6 +2,7 @@
 small hand-written stand-in for the two NCCL classes records what the group is built with."""
 
 from datetime import timedelta
+from typing import ClassVar
 
 from dapo_async.weight_sync import dist as wsync_dist
 
@@ -9,7 +10,7 @@ from dapo_async.weight_sync import dist as wsync_dist
 class _FakeNCCL:
     """Records the arguments of ``ProcessGroupNCCL(store, rank, size, options)``."""
 
-    built: list = []
+    built: ClassVar[list] = []
 
     class Options:
         def __init__(self):
