@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
     p.add_argument("--max-tokens", type=int, default=40)
     p.add_argument("--json", action="store_true", help="end with one JSON line")
-    p.set_defaults(func=_lazy("dapo_async.launch.eval_cmd", "main"))
+    p.set_defaults(func=_lazy("dapo_async.tools.eval_cmd", "main"))
 
     p = sub.add_parser("init-tiny", help="build (or reuse) the built-in tiny policy")
     p.add_argument("--out", default=".cache/tiny", help="model directory")
@@ -264,14 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run directory (holds metrics/*.jsonl)")
     p.add_argument("--out", default="", help="output folder; default RUN_DIR/report")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
-    p.set_defaults(func=_lazy("dapo_async.launch.report", "main"))
+    p.set_defaults(func=_lazy("dapo_async.tools.report", "main"))
 
     p = sub.add_parser("dashboard", help="serve the run's Aim repo (`aim up`) until Ctrl-C")
     p.add_argument("run_dir", help="the run directory (or an Aim repo with --repo)")
     p.add_argument("--repo", default="", help="Aim repo path; default RUN_DIR/aim")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=43800, help="UI port")
-    p.set_defaults(func=_lazy("dapo_async.launch.dashboard", "main"))
+    p.set_defaults(func=_lazy("dapo_async.tools.dashboard", "main"))
 
     for name, (what, issue) in PLANNED.items():
         p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})")

@@ -24,6 +24,8 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from dapo_async.utils import atomic_write_text
+
 __all__ = [
     "AlgoConfig",
     "BufferConfig",
@@ -87,6 +89,11 @@ class ModelConfig:
     )
     dtype: str = F("float32", "Parameter dtype for learner and engines: float32 | bfloat16.")
     reference_path: str = F("", "Frozen reference model for KL; empty = the initial policy.")
+
+    @property
+    def source_dir(self) -> str:
+        """The policy's HF directory: ``path``, or the built-in tiny model's ``tiny_dir``."""
+        return self.path or self.tiny_dir
 
     def check(self, p: str) -> None:
         _choice(self.dtype, ("float32", "bfloat16"), f"{p}.dtype")
@@ -521,10 +528,7 @@ def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     out = d / RESOLVED_CONFIG_NAME
-    tmp = out.with_suffix(".yaml.tmp")
-    tmp.write_text(to_yaml(cfg))
-    os.replace(tmp, out)
-    return out
+    return atomic_write_text(out, to_yaml(cfg))
 
 
 def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from dapo_async.utils import atomic_write_text
+
 # How long a role waits for a peer's endpoint file before giving up.
 ENDPOINT_WAIT_S = 300.0
 # Roles started by `dapo-async train` get this variable; they stop if that launcher dies.
@@ -80,10 +82,7 @@ def setup_logging(role: str) -> logging.Logger:
 def write_endpoint(run_dir: str | Path, name: str, endpoint: str) -> Path:
     d = Path(run_dir) / "endpoints"
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}.tmp"
-    tmp.write_text(endpoint)
-    os.replace(tmp, d / name)
-    return d / name
+    return atomic_write_text(d / name, endpoint)
 
 
 def _alive(pid: int) -> bool:

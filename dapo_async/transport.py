@@ -16,7 +16,6 @@ Call order of a server: ``bind_server`` → loop(``poll`` / ``recv_routed`` / ``
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from dapo_async import protocol
+from dapo_async.utils import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,6 @@ class SecurityError(ValueError):
 
 class RecvTimeout(TimeoutError):
     """No message arrived within the timeout."""
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # --------------------------------------------------------------------------- keys

@@ -48,8 +48,8 @@ def greedy_hf_and_vllm(cli_env):
 
     def run(model_dir):
         from dapo_async.data.tasks import generate
-        from dapo_async.generator.engine import SamplingParams
-        from dapo_async.generator.hf_engine import HFEngine
+        from dapo_async.engines.base import SamplingParams
+        from dapo_async.engines.hf import HFEngine
 
         records = generate("chain", "eval", 8, 3, 0)
         eng = HFEngine(str(model_dir))

@@ -84,13 +84,12 @@ class _Deadline:
 
 
 def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
-    from dapo_async.buffer.main import model_dir
     from dapo_async.data.datasets import PromptEncoder, load_source
     from dapo_async.generator.loop import GeneratorLoop
-    from dapo_async.generator.main import make_engine, make_scorer, sampling_params
+    from dapo_async.generator.main import engine_for, make_scorer, sampling_params
 
-    path = model_dir(cfg)
-    engine = make_engine(cfg, path)
+    path = cfg.model.source_dir
+    engine = engine_for(cfg, path)
     enc = PromptEncoder(path)
     records = load_source(
         cfg.data.source, "train", 256, cfg.data.difficulty, cfg.seed, cfg.data.max_difficulty

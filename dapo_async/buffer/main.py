@@ -11,9 +11,7 @@ import argparse
 import sys
 import time
 
-
-def model_dir(cfg) -> str:
-    return cfg.model.path or cfg.model.tiny_dir
+from dapo_async.utils import atomic_write_json
 
 
 def main(args: argparse.Namespace) -> int:
@@ -41,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         cfg.seed,
         cfg.data.max_difficulty,
     )
-    enc = PromptEncoder(model_dir(cfg))
+    enc = PromptEncoder(cfg.model.source_dir)
     tokens, kept = [], []
     for r in records:
         ids = enc.encode(r.messages)
@@ -88,8 +86,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _write_final(run_dir, svc) -> None:
     """Final counters for operators and tests (``buffer_final.json``)."""
-    import json
-    import os
 
     st = svc.state
     final = {
@@ -102,9 +98,7 @@ def _write_final(run_dir, svc) -> None:
             len(b.group_ids) for s, b in st.steps.items() if s not in st.counted_steps
         ),
     }
-    tmp = run_dir / ".buffer_final.json.tmp"
-    tmp.write_text(json.dumps(final, indent=2))
-    os.replace(tmp, run_dir / "buffer_final.json")
+    atomic_write_json(run_dir / "buffer_final.json", final)
 
 
 if __name__ == "__main__":

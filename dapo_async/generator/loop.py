@@ -24,7 +24,7 @@ import zmq
 
 from dapo_async import protocol as P
 from dapo_async import transport as T
-from dapo_async.generator.engine import SamplingParams
+from dapo_async.engines.base import SamplingParams
 from dapo_async.generator.rollout import make_group
 
 log = logging.getLogger(__name__)

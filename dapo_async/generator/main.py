@@ -35,13 +35,12 @@ def main(args: argparse.Namespace) -> int:
     import zmq
 
     from dapo_async import transport as T
-    from dapo_async.buffer.main import model_dir
     from dapo_async.generator.loop import GeneratorLoop
     from dapo_async.tracking import Tracker
     from dapo_async.weight_sync.factory import make_receiver
 
     run_dir = cfg.resolved_run_dir
-    engine = make_engine(cfg, model_dir(cfg))
+    engine = engine_for(cfg, cfg.model.source_dir)
     score, pool = make_scorer(cfg)
 
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
@@ -142,7 +141,7 @@ class EngineWeightReceiver:
 
 def sampling_params(cfg):
     """The generator's sampling parameters from the config."""
-    from dapo_async.generator.engine import SamplingParams
+    from dapo_async.engines.base import SamplingParams
 
     g = cfg.generator
     return SamplingParams(
@@ -171,14 +170,11 @@ def make_scorer(cfg):
     return score, pool
 
 
-def make_engine(cfg, path: str):
-    if cfg.generator.engine == "hf":
-        from dapo_async.generator.hf_engine import HFEngine
+def engine_for(cfg, path: str):
+    """The configured engine (generator.engine) over ``path``."""
+    from dapo_async.engines import make_engine
 
-        return HFEngine(path, dtype=cfg.model.dtype)
-    from dapo_async.generator.vllm_engine import VLLMEngine
-
-    return VLLMEngine(path, cfg, seed=cfg.seed)
+    return make_engine(cfg.generator.engine, path, cfg.model.dtype, vllm_cfg=cfg, seed=cfg.seed)
 
 
 if __name__ == "__main__":

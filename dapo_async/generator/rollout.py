@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dapo_async.generator.engine import Completion
+from dapo_async.engines.base import Completion
 from dapo_async.protocol import FINISH_REASONS, Group
 
 

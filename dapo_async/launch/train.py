@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dapo_async.data.tasks import parse_source
 from dapo_async.tiny.build import WarmStartError, build
+from dapo_async.utils import free_port
 
 # Supervision tick; also the status line period.
 TICK_S = 1.0
@@ -212,15 +213,13 @@ def main(args: argparse.Namespace) -> int:
 
     buffer = Role("buffer", _cli("buffer", str(cfg_path)), logs / "buffer.log", env)
     if cfg.learner.num_ranks > 1:
-        from dapo_async.weight_sync.dist import _free_port
-
         learner_cmd = [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
             f"--nproc_per_node={cfg.learner.num_ranks}",
-            f"--master_port={_free_port('127.0.0.1')}",
+            f"--master_port={free_port('127.0.0.1')}",
             "-m",
             "dapo_async.cli",
             "learner",

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from dapo_async.utils import atomic_write_json
+
 # Ask the buffer again after this long when it does not answer (it may be restarting).
 BATCH_REQUEST_TIMEOUT_S = 10.0
 # Warn (and repeat every so often) when one step has waited this long for its data.
@@ -100,9 +102,8 @@ def main(args: argparse.Namespace) -> int:
 
     from dapo_async import protocol as P
     from dapo_async import transport as T
-    from dapo_async.buffer.main import model_dir
     from dapo_async.data.datasets import load_source
-    from dapo_async.launch.evaluation import evaluate_records
+    from dapo_async.evaluation import evaluate_records
     from dapo_async.learner import checkpoint as C
     from dapo_async.learner.parallel import Parallel
     from dapo_async.learner.trainer import Trainer, needs_reference
@@ -120,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
             else ("nccl" if torch.cuda.is_available() else "gloo")
         )
         dist.init_process_group(backend)
-    src_dir = model_dir(cfg)
+    src_dir = cfg.model.source_dir
     ckpt_root = run_dir / "checkpoints"
     resume_from = C.latest(ckpt_root) if args.resume else None
     load_dir = str(resume_from) if resume_from else src_dir
@@ -159,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
             ev = evaluate_records(model, tokenizer, cfg, eval_records)
             tracker.track(ev, 0)
             log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
-            _write_json(run_dir / "eval_before.json", ev)
+            atomic_write_json(run_dir / "eval_before.json", ev)
     par = Parallel(
         model,
         rank,
@@ -270,8 +271,8 @@ def main(args: argparse.Namespace) -> int:
             ev = evaluate_records(_eval_model(par, full), tokenizer, cfg, eval_records)
             tracker.track(ev, trainer.version)
             log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
-            _write_json(run_dir / "eval_after.json", ev)
-            _write_json(
+            atomic_write_json(run_dir / "eval_after.json", ev)
+            atomic_write_json(
                 run_dir / "learner_summary.json",
                 {
                     "steps": trainer.version,
@@ -324,12 +325,6 @@ def _audit(f, step: int, groups) -> None:
 
 def _samples(reply) -> int:
     return sum(g.num_responses for g in reply.batch)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -156,8 +156,8 @@ def greedy_figures(model, tokenizer, task: str, records, max_tokens: int) -> dic
     """Greedy decoding of ``records``: accuracy, steps_ok (every step right) and shortcut_rate
     (the answer reported is the prompt's first number)."""
     from dapo_async.data.tasks import steps_correct
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.hf_engine import HFEngine
+    from dapo_async.engines.base import SamplingParams
+    from dapo_async.engines.hf import HFEngine
     from dapo_async.reward.verifiers import dapo_math, extract_answer
 
     was_training = model.training

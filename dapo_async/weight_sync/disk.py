@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from dapo_async.utils import atomic_write_text
+
 LATEST = "LATEST"
 # Snapshots kept on disk (a receiver may still be reading the previous one).
 KEEP_SNAPSHOTS = 3
@@ -31,12 +33,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def savable(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -67,7 +63,7 @@ class DiskWeightPublisher:
             os.fsync(f.fileno())
         final = self.dir / name
         os.replace(tmp, final)
-        _atomic_write(
+        atomic_write_text(
             self.dir / LATEST,
             json.dumps({"version": version, "file": name, "sha256": _sha256(final)}),
         )
@@ -114,5 +110,5 @@ class DiskWeightReceiver:
         self.version = int(meta["version"])
         acks = self.dir / "acks"
         acks.mkdir(exist_ok=True)
-        _atomic_write(acks / self.id, str(self.version))
+        atomic_write_text(acks / self.id, str(self.version))
         return state, self.version

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dapo_async.utils import free_port, is_loopback
 from dapo_async.weight_sync.disk import WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,6 @@ ALIVE_TIMEOUT_S = 15.0
 STORE_TIMEOUT_S = 30.0
 # Idle sender thread wakes up this often to look for new members.
 SENDER_POLL_S = 0.2
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class FlatBuckets:
@@ -147,17 +141,6 @@ def digest(buf: torch.Tensor) -> int:
     return int(((w * idx).sum() * 0x9E3779B1 + w.sum()).item()) & ((1 << 63) - 1)
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _device(backend: str) -> str:
     """NCCL moves CUDA tensors (this process's current device); gloo moves CPU tensors."""
     if backend == "nccl":
@@ -201,14 +184,14 @@ class DistWeightPublisher:
         from dapo_async.roles import write_endpoint
 
         self.host = host or cfg.launch.host
-        if not _is_loopback(self.host) and not cfg.weight_sync.allow_unauthenticated_network:
+        if not is_loopback(self.host) and not cfg.weight_sync.allow_unauthenticated_network:
             raise WeightSyncError(
                 f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
                 f"{self.host!r}, and torch.distributed has no authentication. Keep it on a private "
                 "network and set weight_sync.allow_unauthenticated_network=true, or use "
                 "weight_sync.mode=disk on a shared filesystem."
             )
-        self.port = port if port is not None else (cfg.weight_sync.port or _free_port(self.host))
+        self.port = port if port is not None else (cfg.weight_sync.port or free_port(self.host))
         self.timeout_s = cfg.weight_sync.timeout_s
         self.bucket_bytes = cfg.weight_sync.bucket_mb << 20
         self.backend = backend

@@ -3,12 +3,12 @@ data-parallel ranks (real gloo processes) give the full-batch gradient; with beh
 proximal = current it is the plain policy gradient; in bypass mode it is the DAPO objective."""
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch
 
 from dapo_async.algo.losses import PolicyLossConfig, policy_loss
+from dapo_async.utils import free_port
 
 B, T, V, D = 8, 6, 11, 5
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -80,17 +80,11 @@ def _rank_main(rank, port, mode, out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_two_gloo_ranks_match_full_batch(mode):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, port, mode, out)) for r in range(2)]
     for p in procs:
         p.start()

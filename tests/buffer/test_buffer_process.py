@@ -3,7 +3,6 @@
 import json
 import multiprocessing as mp
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from fakes import fake_generator, fake_learner
 
 from dapo_async import protocol as P
 from dapo_async import transport as T
+from dapo_async.utils import free_port
 
 SPAWN = mp.get_context("spawn")
 
@@ -27,12 +27,6 @@ def tokenizer_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
     build_tokenizer(d)
     return d
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp_path, tokenizer_dir, **buffer):
@@ -144,7 +138,7 @@ def test_200_steps_reconcile_exactly(tmp_path, tokenizer_dir, repo, cli_env):
 
 
 def test_sigkill_with_wal_loses_nothing(tmp_path, tokenizer_dir, repo, cli_env):
-    port = _free_port()
+    port = free_port()
     cfg_path, run = write_config(tmp_path, tokenizer_dir, wal=True, port=port)
     holder = {"buf": start_buffer(cfg_path, repo, cli_env)}
     endpoint = wait_endpoint(run, holder["buf"])

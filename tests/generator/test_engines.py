@@ -10,8 +10,8 @@ import pytest
 import torch
 from testutil import greedy_tokens, run_vllm_script
 
-from dapo_async.generator.engine import SamplingParams
-from dapo_async.generator.hf_engine import HFEngine
+from dapo_async.engines.base import SamplingParams
+from dapo_async.engines.hf import HFEngine
 
 HERE = Path(__file__).resolve().parent
 LOGPROB_TOL = 1e-4

@@ -5,7 +5,6 @@ generator produced arrives, none is lost."""
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dapo_async.utils import free_port
+
 HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def received(record: Path) -> list[str]:
@@ -51,7 +46,7 @@ def test_receiver_killed_mid_stream_loses_nothing(tiny_model, tmp_path, repo, cl
         for r in generate("chain", "train", 64, 3, 0)
     ]
     (tmp_path / "prompts.json").write_text(json.dumps(prompts))
-    port = _free_port()
+    port = free_port()
     cfg = {
         "name": "stream",
         "run_dir": str(tmp_path / "run"),

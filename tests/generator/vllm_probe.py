@@ -17,8 +17,8 @@ if __name__ == "__main__":
     from safetensors.torch import load_file
 
     from dapo_async.config import load_config
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.vllm_engine import VLLMEngine
+    from dapo_async.engines.base import SamplingParams
+    from dapo_async.engines.vllm import VLLMEngine
 
     model_dir, new_weights, prompts_json = sys.argv[1:4]
     prompts = json.loads(prompts_json)

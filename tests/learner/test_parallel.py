@@ -2,7 +2,6 @@
 rank trained on the full batch; activation checkpointing does not change the update."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,20 +10,16 @@ import pytest
 import torch
 from learner_helpers import max_rel_err
 
+from dapo_async.utils import free_port
+
 HERE = Path(__file__).resolve().parent
 NUM_STEPS = 3
 # The issue's bound. The workers train in float64 (rank_worker.py says why).
 REL_TOL = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(tiny_model, out: Path, world: int, *overrides: str) -> dict:
-    port = _free_port()
+    port = free_port()
     procs = []
     logs = []
     for rank in range(world):

@@ -5,7 +5,6 @@ the same order, no group trained twice, and bit-equal parameters and optimizer s
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from dapo_async.utils import free_port
+
 HERE = Path(__file__).resolve().parent
 GROUPS_PER_STEP = 4
 START_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp: Path, tiny_model) -> Path:
@@ -40,7 +35,7 @@ def write_config(tmp: Path, tiny_model) -> Path:
             "max_staleness": 100,
             "dynamic_sampling": False,
             "wal": True,
-            "port": _free_port(),
+            "port": free_port(),
         },
         "learner": {"num_steps": 4, "checkpoint_every": 2, "keep_checkpoints": 5},
         "weight_sync": {"mode": "disk"},

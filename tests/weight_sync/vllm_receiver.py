@@ -15,8 +15,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 if __name__ == "__main__":
     from dapo_async.config import load_config
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.vllm_engine import VLLMEngine
+    from dapo_async.engines.base import SamplingParams
+    from dapo_async.engines.vllm import VLLMEngine
 
     endpoint, model_dir, prompts_json, num_versions, out_path = sys.argv[1:6]
     prompts = json.loads(prompts_json)

@@ -1,6 +1,6 @@
 """`dapo-async eval --model DIR --data FILE [--k N]`: avg@k and pass@k on held-out prompts, with
 a progress bar on stderr; ``--json`` ends with one JSON line. Same code as the learner's
-periodic evaluation (``launch.evaluation``)."""
+periodic evaluation (``dapo_async.evaluation``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def main(args: argparse.Namespace) -> int:
     set_threads(1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dapo_async.launch.evaluation import evaluate_records
+    from dapo_async.evaluation import evaluate_records
 
     cfg = load_config(None)
     temp = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 1.0)

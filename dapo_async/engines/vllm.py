@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
-from dapo_async.generator.engine import Completion, SamplingParams
+from dapo_async.engines.base import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "dapo_async.generator.vllm_worker.WorkerExtension"
+WORKER_EXTENSION = "dapo_async.engines.vllm_worker.WorkerExtension"
 # Shared memory keeps the weight hand-over file off the disk where the machine has it.
 TMPFS = "/dev/shm"
 LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}

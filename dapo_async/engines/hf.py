@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dapo_async.generator.engine import Completion, SamplingParams
+from dapo_async.engines.base import Completion, SamplingParams
 
 
 class HFEngine:

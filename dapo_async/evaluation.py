@@ -18,8 +18,8 @@ EVAL_BATCH = 64
 def evaluate_records(
     model, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
 ) -> dict[str, float]:
-    from dapo_async.generator.engine import SamplingParams
-    from dapo_async.generator.hf_engine import HFEngine
+    from dapo_async.engines.base import SamplingParams
+    from dapo_async.engines.hf import HFEngine
     from dapo_async.reward.compose import RewardComposer
 
     g = cfg.generator

@@ -1,0 +1,43 @@
+"""Small helpers every layer may use (no torch, no ZeroMQ): atomic file writes, free ports,
+loopback checks."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from pathlib import Path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a hidden temporary file beside ``path`` and rename it over ``path``:
+    a reader sees the old file or the new one, never half of one (crash-safe on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> Path:
+    """``atomic_write_text`` of ``obj`` as indented JSON."""
+    return atomic_write_text(path, json.dumps(obj, indent=2))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (another process may take it before it is used)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names the loopback interface (``localhost`` or a 127.0.0.0/8 / ::1
+    address); any other name or address counts as a network."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
