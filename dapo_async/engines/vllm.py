@@ -151,7 +151,7 @@ class VLLMEngine:
     def poll_weight_sync(self) -> dict | None:
         """Take part in an open round, if any; on success the engine runs the new version.
         Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept)."""
-        from dapo_async.weight_sync.disk import WeightSyncError
+        from dapo_async.weight_sync.base import WeightSyncError
 
         results = [r for r in self.llm.collective_rpc("dapo_wsync_poll") if r is not None]
         if not results:

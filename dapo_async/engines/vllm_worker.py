@@ -56,7 +56,7 @@ class WorkerExtension:
     def dapo_wsync_poll(self) -> dict | None:
         """Take part in an open weight-sync round, if any: receive, verify, reload. Returns
         {"version", "error"?, "digests"?} when a round was attempted, None otherwise."""
-        from dapo_async.weight_sync.disk import WeightSyncError
+        from dapo_async.weight_sync.base import WeightSyncError
 
         try:
             got = self._dapo_receiver.poll()

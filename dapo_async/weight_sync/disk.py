@@ -17,14 +17,11 @@ from pathlib import Path
 import torch
 
 from dapo_async.utils import atomic_write_text
+from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 
 LATEST = "LATEST"
 # Snapshots kept on disk (a receiver may still be reading the previous one).
 KEEP_SNAPSHOTS = 3
-
-
-class WeightSyncError(RuntimeError):
-    """A transfer failed, timed out or did not verify; the previous weights stay in place."""
 
 
 def _sha256(path: Path) -> str:
@@ -48,7 +45,7 @@ def savable(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-class DiskWeightPublisher:
+class DiskWeightPublisher(WeightPublisher):
     def __init__(self, directory: str | Path):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +75,7 @@ class DiskWeightPublisher:
         return {p.name: int(p.read_text() or -1) for p in d.iterdir() if not p.name.startswith(".")}
 
 
-class DiskWeightReceiver:
+class DiskWeightReceiver(WeightReceiver):
     def __init__(self, directory: str | Path, receiver_id: str):
         self.dir = Path(directory)
         self.id = receiver_id

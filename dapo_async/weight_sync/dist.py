@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from dapo_async.utils import free_port, is_loopback
-from dapo_async.weight_sync.disk import WeightSyncError
+from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def _group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: s
     return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s)), prefix
 
 
-class DistWeightPublisher:
+class DistWeightPublisher(WeightPublisher):
     """Learner rank 0 side. ``publish`` snapshots the weights and returns at once."""
 
     def __init__(
@@ -371,7 +371,7 @@ class DistWeightPublisher:
             self._cv.notify_all()
 
 
-class DistWeightReceiver:
+class DistWeightReceiver(WeightReceiver):
     """Generator side. ``poll()`` returns (state dict, version) when a round for it is open."""
 
     def __init__(

@@ -4,37 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-class _DiskPublisher:
-    def __init__(self, directory: Path):
-        from dapo_async.weight_sync.disk import DiskWeightPublisher
-
-        self.inner = DiskWeightPublisher(directory)
-
-    def publish(self, state_dict, version: int) -> None:
-        self.inner.publish(state_dict, version)
-
-    def publish_stream(self, shapes, items, version: int) -> None:
-        # a safetensors file is written whole: collect the stream first
-        self.inner.publish({k: v.detach().cpu() for k, v in items}, version)
-
-    def close(self) -> None:
-        pass
+from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver
 
 
 def weights_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "weights"
 
 
-def make_publisher(cfg, run_dir: Path):
+def make_publisher(cfg, run_dir: Path) -> WeightPublisher:
     if cfg.weight_sync.mode == "disk":
-        return _DiskPublisher(weights_dir(run_dir))
+        from dapo_async.weight_sync.disk import DiskWeightPublisher
+
+        return DiskWeightPublisher(weights_dir(run_dir))
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
     return DistWeightPublisher(cfg, run_dir, backend=backend(cfg))
 
 
-def make_receiver(cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float = 30.0):
+def make_receiver(
+    cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float = 30.0
+) -> WeightReceiver:
     if cfg.weight_sync.mode == "disk":
         from dapo_async.weight_sync.disk import DiskWeightReceiver
 

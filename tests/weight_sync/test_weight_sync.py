@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dapo_async.config import load_config
-from dapo_async.weight_sync.disk import DiskWeightPublisher, DiskWeightReceiver, WeightSyncError
+from dapo_async.weight_sync.base import WeightSyncError
+from dapo_async.weight_sync.disk import DiskWeightPublisher, DiskWeightReceiver
 
 SPAWN = mp.get_context("spawn")
 
