@@ -8,7 +8,7 @@ import zmq
 
 from dapo_async import protocol as P
 from dapo_async import transport as T
-from dapo_async.learner import main as L
+from dapo_async.learner import fetch as L
 
 
 class NeverReadyBuffer(threading.Thread):
