@@ -24,8 +24,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dapo_async.config import load_config, save_resolved
 from dapo_async.data.tasks import parse_source
+from dapo_async.roles import LAUNCHER_PID_ENV
 from dapo_async.tiny.build import WarmStartError, build
+from dapo_async.tracking import read_metrics
 from dapo_async.utils import free_port
 
 # Supervision tick; also the status line period.
@@ -36,8 +39,6 @@ LOG_STATUS_EVERY_S = 10.0
 LOG_TAIL_LINES = 30
 # A generator that keeps dying is a bug, not bad luck: stop the run after this many restarts.
 MAX_GENERATOR_RESTARTS = 5
-# prctl option: signal to deliver to this process when its parent dies (Linux).
-PR_SET_PDEATHSIG = 1
 
 
 class Role:
@@ -87,27 +88,6 @@ class Role:
             return "(no log)"
 
 
-def _child_setup() -> None:
-    """In each role process: lead a new process group (stopped as a whole), and get SIGTERM
-    if the launcher dies without cleaning up (SIGKILL), so no role is orphaned."""
-    os.setsid()
-    if _LIBC is not None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-
-
-def _load_libc():
-    # Loaded in the parent: after fork only async-signal-safe work belongs in the child.
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None  # not glibc Linux: the roles' launcher watchdog still stops them
-
-
-_LIBC = _load_libc()
-
-
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "dapo_async.cli", *args]
 
@@ -146,8 +126,6 @@ def _wait_for_endpoint(run_dir: Path, name: str, role: Role, interrupted: list) 
 
 
 def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
-    from dapo_async.tracking import read_metrics
-
     rows = [r for r in read_metrics(run_dir, "learner") if "rollout/reward_mean" in r]
     if not rows:
         return f"[train {time.monotonic() - t0:5.0f}s] waiting for the first step…"
@@ -181,37 +159,30 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def main(args: argparse.Namespace) -> int:
-    from dapo_async.config import load_config, save_resolved
-
-    cfg = load_config(args.config, args.overrides)
+def prepare_run(cfg):
+    """Resolve the run directory, build the tiny policy if needed, clear stale endpoints and
+    write the resolved config; returns (cfg, run_dir, path of the resolved config)."""
     run_dir = _new_run_dir(cfg)
     cfg = replace(cfg, run_dir=str(run_dir))
     if not cfg.model.path:
-        try:
-            build_tiny_policy(cfg)
-        except WarmStartError as e:
-            print(f"[train] error: {e}", file=sys.stderr)
-            return 1
+        build_tiny_policy(cfg)
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()
-    cfg_path = save_resolved(cfg, run_dir)
-    logs = run_dir / "logs"
-    from dapo_async.roles import LAUNCHER_PID_ENV
+    return cfg, run_dir, save_resolved(cfg, run_dir)
 
+
+def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, Role, list[Role]]:
+    """(buffer, learner, generators), not started; each logs to ``run_dir/logs/<name>.log``."""
+    logs = run_dir / "logs"
     env = dict(
         os.environ,
         OMP_NUM_THREADS=str(cfg.launch.torch_threads),
         PYTHONUNBUFFERED="1",
         **{LAUNCHER_PID_ENV: str(os.getpid())},
     )
-    print(
-        f"[train] run directory {run_dir}  (logs in {logs}, metrics in {run_dir / 'metrics'})",
-        file=sys.stderr,
-    )
-
     buffer = Role("buffer", _cli("buffer", str(cfg_path)), logs / "buffer.log", env)
+    learner_cmd = _cli("learner", str(cfg_path))
     if cfg.learner.num_ranks > 1:
         learner_cmd = [
             sys.executable,
@@ -220,14 +191,9 @@ def main(args: argparse.Namespace) -> int:
             "--standalone",
             f"--nproc_per_node={cfg.learner.num_ranks}",
             f"--master_port={free_port('127.0.0.1')}",
-            "-m",
-            "dapo_async.cli",
-            "learner",
-            str(cfg_path),
+            *learner_cmd[1:],
         ]
-    else:
-        learner_cmd = _cli("learner", str(cfg_path))
-    if args.resume:
+    if resume:
         learner_cmd.append("--resume")
     learner = Role("learner", learner_cmd, logs / "learner.log", env)
     gens = [
@@ -239,60 +205,96 @@ def main(args: argparse.Namespace) -> int:
         )
         for i in range(cfg.generator.num_generators)
     ]
-    roles = [buffer, learner, *gens]
-    interrupted = []
+    return buffer, learner, gens
 
-    def on_signal(signum, frame):
-        interrupted.append(signum)
 
-    old_int = signal.signal(signal.SIGINT, on_signal)
-    old_term = signal.signal(signal.SIGTERM, on_signal)
-    t0 = time.monotonic()
-    rc = 0
-    try:
-        buffer.start()
-        _wait_for_endpoint(run_dir, "buffer", buffer, interrupted)
-        learner.start()
-        if cfg.weight_sync.mode == "dist":
-            _wait_for_endpoint(run_dir, "wsync", learner, interrupted)
-        for g in gens:
+class Supervisor:
+    """Starts the roles in order and watches them until the learner finishes (see the module
+    docstring); ``interrupted`` collects SIGINT/SIGTERM from the signal handlers."""
+
+    def __init__(self, cfg, run_dir: Path, buffer: Role, learner: Role, gens: list[Role]):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.buffer, self.learner, self.gens = buffer, learner, gens
+        self.interrupted: list[int] = []
+        self.t0 = time.monotonic()
+        self.last_status = self.last_logged = 0.0
+
+    def start(self) -> None:
+        self.buffer.start()
+        _wait_for_endpoint(self.run_dir, "buffer", self.buffer, self.interrupted)
+        self.learner.start()
+        if self.cfg.weight_sync.mode == "dist":
+            _wait_for_endpoint(self.run_dir, "wsync", self.learner, self.interrupted)
+        for g in self.gens:
             g.start()
-        last_status = last_logged = 0.0
+
+    def watch(self) -> None:
+        """Until the learner exits 0; raises RuntimeError when a role fails for good and
+        KeyboardInterrupt on a signal."""
         while True:
-            if interrupted:
+            if self.interrupted:
                 raise KeyboardInterrupt
-            code = learner.poll()
+            code = self.learner.poll()
             if code is not None:
                 if code != 0:
-                    raise RuntimeError(f"learner exited with {code}:\n{learner.tail()}")
+                    raise RuntimeError(f"learner exited with {code}:\n{self.learner.tail()}")
                 break
-            if buffer.poll() is not None:
-                raise RuntimeError(f"buffer exited with {buffer.poll()}:\n{buffer.tail()}")
-            for g in gens:
+            if self.buffer.poll() is not None:
+                raise RuntimeError(
+                    f"buffer exited with {self.buffer.poll()}:\n{self.buffer.tail()}"
+                )
+            for g in self.gens:
                 if g.poll() is not None:
-                    if not cfg.launch.allow_generator_restarts:
-                        raise RuntimeError(f"{g.name} exited with {g.poll()}:\n{g.tail()}")
-                    if g.restarts >= MAX_GENERATOR_RESTARTS:
-                        raise RuntimeError(
-                            f"{g.name} died {g.restarts + 1} times; giving up:\n{g.tail()}"
-                        )
-                    g.restarts += 1
-                    print(
-                        f"[train] {g.name} exited with {g.poll()}; restarting (restart {g.restarts})",
-                        file=sys.stderr,
-                    )
-                    g.start()
-            if time.monotonic() - last_status >= TICK_S:
-                last_status = time.monotonic()
-                line = status_line(run_dir, t0, cfg.learner.num_steps)
-                if sys.stderr.isatty():
-                    print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
-                elif last_status - last_logged >= LOG_STATUS_EVERY_S:
-                    last_logged = last_status
-                    print(line, file=sys.stderr, flush=True)
+                    self._restart(g)
+            self._status()
             time.sleep(0.2)
         if sys.stderr.isatty():
             print(file=sys.stderr)
+
+    def _restart(self, g: Role) -> None:
+        if not self.cfg.launch.allow_generator_restarts:
+            raise RuntimeError(f"{g.name} exited with {g.poll()}:\n{g.tail()}")
+        if g.restarts >= MAX_GENERATOR_RESTARTS:
+            raise RuntimeError(f"{g.name} died {g.restarts + 1} times; giving up:\n{g.tail()}")
+        g.restarts += 1
+        print(
+            f"[train] {g.name} exited with {g.poll()}; restarting (restart {g.restarts})",
+            file=sys.stderr,
+        )
+        g.start()
+
+    def _status(self) -> None:
+        now = time.monotonic()
+        if now - self.last_status < TICK_S:
+            return
+        self.last_status = now
+        line = status_line(self.run_dir, self.t0, self.cfg.learner.num_steps)
+        if sys.stderr.isatty():
+            print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
+        elif now - self.last_logged >= LOG_STATUS_EVERY_S:
+            self.last_logged = now
+            print(line, file=sys.stderr, flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg, run_dir, cfg_path = prepare_run(load_config(args.config, args.overrides))
+    except WarmStartError as e:
+        print(f"[train] error: {e}", file=sys.stderr)
+        return 1
+    buffer, learner, gens = make_roles(cfg, cfg_path, run_dir, args.resume)
+    print(
+        f"[train] run directory {run_dir}  (logs in {run_dir / 'logs'}, metrics in "
+        f"{run_dir / 'metrics'})",
+        file=sys.stderr,
+    )
+    sup = Supervisor(cfg, run_dir, buffer, learner, gens)
+    old_int = signal.signal(signal.SIGINT, lambda signum, frame: sup.interrupted.append(signum))
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: sup.interrupted.append(signum))
+    rc = 0
+    try:
+        sup.start()
+        sup.watch()
     except KeyboardInterrupt:
         print("\n[train] interrupted: stopping all roles…", file=sys.stderr)
         rc = 130
@@ -300,11 +302,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"\n[train] error: {e}", file=sys.stderr)
         rc = 1
     finally:
-        stop_all(roles, cfg.launch.shutdown_timeout_s)
+        stop_all([buffer, learner, *gens], cfg.launch.shutdown_timeout_s)
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if rc == 0:
-        summary = summarize(run_dir, time.monotonic() - t0, gens)
+        summary = summarize(run_dir, time.monotonic() - sup.t0, gens)
         print(json.dumps(summary) if args.json else format_summary(summary))
     return rc
 
@@ -319,8 +321,6 @@ def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
         load("eval_after.json"),
         load("learner_summary.json"),
     )
-    from dapo_async.tracking import read_metrics
-
     steps = [r for r in read_metrics(run_dir, "learner") if "rollout/trained_accuracy" in r]
     last = steps[-1] if steps else {}
     return {
