@@ -12,9 +12,6 @@ import json
 import sys
 from collections.abc import Callable
 
-# Subcommands the design names that are not built yet, with the issue that builds them.
-PLANNED: dict[str, tuple[str, int]] = {}
-
 
 class CliError(Exception):
     """A failure reported as one line on stderr with exit status 1."""
@@ -73,20 +70,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _lazy(BENCHES[args.what], "main")(args)
 
 
-def cmd_planned(name: str, issue: int) -> Callable[[argparse.Namespace], int]:
-    def run(_: argparse.Namespace) -> int:
-        raise CliError(f"`dapo-async {name}` is not built yet (tracked in issue {issue})")
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dapo-async",
         description="Asynchronous actor-learner RL for LLMs with DAPO.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (_add_roles, _add_model_commands, _add_admin, _add_bench, _add_tools):
+        add(sub)
+    return parser
 
+
+def _add_roles(sub) -> None:
+    """train (all roles, supervised) and one role each: buffer, learner, generator."""
     p = sub.add_parser("train", help="train on one machine (the tiny CPU default runs end to end)")
     _add_config_args(p)
     p.add_argument(
@@ -113,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
+
+def _add_model_commands(sub) -> None:
+    """eval, init-tiny, reward, reward-server."""
     p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model directory")
     p.add_argument("--model", required=True, help="HF causal-LM directory")
     p.add_argument("--data", default="tiny:chain", help="tiny:<task> or a parquet/jsonl file")
@@ -164,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.set_defaults(func=_lazy("dapo_async.reward.server", "main"))
 
+
+def _add_admin(sub) -> None:
+    """config, keys."""
     p = sub.add_parser("config", help="show the resolved config, or the key reference")
     p.add_argument("action", choices=["show", "docs"])
     _add_config_args(p, required=False)
@@ -173,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory for the keys")
     p.set_defaults(func=cmd_keys)
 
+
+def _add_bench(sub) -> None:
+    """bench WHAT: one argument table shared by every bench (each reads the options it names)."""
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
     p.add_argument("what", choices=list(BENCHES))
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -250,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_bench)
 
+
+def _add_tools(sub) -> None:
+    """tune, report, dashboard."""
     p = sub.add_parser("tune", help="throughput sweep: one short training run per grid point")
     _add_config_args(p)
     p.add_argument(
@@ -272,12 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=43800, help="UI port")
     p.set_defaults(func=_lazy("dapo_async.tools.dashboard", "main"))
-
-    for name, (what, issue) in PLANNED.items():
-        p = sub.add_parser(name, help=f"{what} (not built yet: issue {issue})")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=cmd_planned(name, issue))
-    return parser
 
 
 def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
