@@ -90,6 +90,45 @@ def _masked_mean(x_BT: torch.Tensor, m_BT: torch.Tensor) -> torch.Tensor:
     return (x_BT * m_BT).sum() / m_BT.sum().clamp(min=1)
 
 
+def importance_weights(
+    prox_BT: torch.Tensor, behav_BT: torch.Tensor, mask_BT: torch.Tensor, cfg: PolicyLossConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(raw weight exp(p − b), capped weight min(raw, C), keep mask after the token and
+    sequence masks) for every token."""
+    log_w_BT = (prox_BT - behav_BT).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    w_raw_BT = torch.exp(log_w_BT)
+    keep_BT = mask_BT.clone()
+    if cfg.is_mask_low > 0:
+        keep_BT = keep_BT * (w_raw_BT >= cfg.is_mask_low)
+    if cfg.is_mask_high > 0:
+        keep_BT = keep_BT * (w_raw_BT <= cfg.is_mask_high)
+    if cfg.seq_mask_low > 0 or cfg.seq_mask_high > 0:
+        seq_log_w_B = (log_w_BT * mask_BT).sum(1) / mask_BT.sum(1).clamp(min=1)
+        seq_w_B = torch.exp(seq_log_w_B)
+        seq_keep_B = torch.ones_like(seq_w_B, dtype=torch.bool)
+        if cfg.seq_mask_low > 0:
+            seq_keep_B &= seq_w_B >= cfg.seq_mask_low
+        if cfg.seq_mask_high > 0:
+            seq_keep_B &= seq_w_B <= cfg.seq_mask_high
+        keep_BT = keep_BT * seq_keep_B[:, None]
+    return w_raw_BT, w_raw_BT.clamp(max=cfg.is_cap), keep_BT
+
+
+def clipped_objective(
+    r_BT: torch.Tensor, adv_BT: torch.Tensor, cfg: PolicyLossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-token clipped surrogate loss, where dual-clip bound it) before importance weights."""
+    pg1_BT = -adv_BT * r_BT
+    pg2_BT = -adv_BT * r_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    loss_BT = torch.maximum(pg1_BT, pg2_BT)
+    dual_BT = torch.zeros_like(loss_BT, dtype=torch.bool)
+    if cfg.dual_clip > 0:
+        cap_BT = -adv_BT * cfg.dual_clip
+        dual_BT = (adv_BT < 0) & (loss_BT > cap_BT)
+        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, cap_BT), loss_BT)
+    return loss_BT, dual_BT
+
+
 def policy_loss(
     logp_BT: torch.Tensor,
     prox_logp_BT: torch.Tensor | None,
@@ -105,68 +144,42 @@ def policy_loss(
     mask_BT = mask_BT.to(logp_BT.dtype)
     behav = behav_logp_BT.detach()
     prox = behav if (cfg.bypass or prox_logp_BT is None) else prox_logp_BT.detach()
-
-    log_w_BT = (prox - behav).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    w_raw_BT = torch.exp(log_w_BT)
-    w_BT = w_raw_BT.clamp(max=cfg.is_cap)
-    keep_BT = mask_BT.clone()
-    if cfg.is_mask_low > 0:
-        keep_BT = keep_BT * (w_raw_BT >= cfg.is_mask_low)
-    if cfg.is_mask_high > 0:
-        keep_BT = keep_BT * (w_raw_BT <= cfg.is_mask_high)
-    if cfg.seq_mask_low > 0 or cfg.seq_mask_high > 0:
-        seq_log_w_B = (log_w_BT * mask_BT).sum(1) / mask_BT.sum(1).clamp(min=1)
-        seq_w_B = torch.exp(seq_log_w_B)
-        seq_keep_B = torch.ones_like(seq_w_B, dtype=torch.bool)
-        if cfg.seq_mask_low > 0:
-            seq_keep_B &= seq_w_B >= cfg.seq_mask_low
-        if cfg.seq_mask_high > 0:
-            seq_keep_B &= seq_w_B <= cfg.seq_mask_high
-        keep_BT = keep_BT * seq_keep_B[:, None]
-
-    log_r_BT = (logp_BT - prox).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    r_BT = torch.exp(log_r_BT)
-    pg1_BT = -adv_BT * r_BT
-    pg2_BT = -adv_BT * r_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    loss_BT = torch.maximum(pg1_BT, pg2_BT)
-    dual_BT = torch.zeros_like(loss_BT, dtype=torch.bool)
-    if cfg.dual_clip > 0:
-        cap_BT = -adv_BT * cfg.dual_clip
-        dual_BT = (adv_BT < 0) & (loss_BT > cap_BT)
-        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, cap_BT), loss_BT)
+    w_raw_BT, w_BT, keep_BT = importance_weights(prox, behav, mask_BT, cfg)
+    r_BT = torch.exp((logp_BT - prox).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    loss_BT, dual_BT = clipped_objective(r_BT, adv_BT, cfg)
     loss_BT = loss_BT * w_BT
-
     kl_BT = None
     if ref_logp_BT is not None:
         kl_BT = kl_estimate(logp_BT, ref_logp_BT.detach(), cfg.kl_estimator)
         if cfg.kl_coef > 0:
             loss_BT = loss_BT + cfg.kl_coef * kl_BT
-
     # Masked tokens contribute zero but still count in the denominators (the response's length).
     loss_BT = loss_BT * keep_BT
     loss = aggregate(
         loss_BT, mask_BT, cfg.loss_agg, global_num_tokens, global_num_seqs, cfg.norm_len
     )
-
     with torch.no_grad():
-        r = r_BT.detach()
-        metrics = {
-            "pg_clip_frac_low": _masked_mean(
-                ((r < 1 - cfg.clip_low) & (adv_BT < 0)).to(r.dtype), mask_BT
-            ).item(),
-            "pg_clip_frac_high": _masked_mean(
-                ((r > 1 + cfg.clip_high) & (adv_BT > 0)).to(r.dtype), mask_BT
-            ).item(),
-            "dual_clip_frac": _masked_mean(dual_BT.to(r.dtype), mask_BT).item(),
+        metrics = _metrics(logp_BT.detach(), prox, r_BT.detach(), adv_BT, mask_BT, cfg)
+        metrics |= {
+            "dual_clip_frac": _masked_mean(dual_BT.to(r_BT.dtype), mask_BT).item(),
             "is_weight_mean": _masked_mean(w_BT, mask_BT).item(),
             "is_weight_max": (w_raw_BT * mask_BT).max().item() if mask_BT.any() else 0.0,
             "is_masked_frac": 1.0 - (keep_BT.sum() / mask_BT.sum().clamp(min=1)).item(),
-            "approx_kl_prox": _masked_mean(
-                kl_estimate(logp_BT.detach(), prox, "k3"), mask_BT
-            ).item(),
-            "ratio_mean": _masked_mean(r, mask_BT).item(),
-            "num_tokens": mask_BT.sum().item(),
         }
         if kl_BT is not None:
             metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask_BT).item()
     return loss, metrics
+
+
+def _metrics(logp_BT, prox_BT, r_BT, adv_BT, mask_BT, cfg: PolicyLossConfig) -> dict[str, float]:
+    return {
+        "pg_clip_frac_low": _masked_mean(
+            ((r_BT < 1 - cfg.clip_low) & (adv_BT < 0)).to(r_BT.dtype), mask_BT
+        ).item(),
+        "pg_clip_frac_high": _masked_mean(
+            ((r_BT > 1 + cfg.clip_high) & (adv_BT > 0)).to(r_BT.dtype), mask_BT
+        ).item(),
+        "approx_kl_prox": _masked_mean(kl_estimate(logp_BT, prox_BT, "k3"), mask_BT).item(),
+        "ratio_mean": _masked_mean(r_BT, mask_BT).item(),
+        "num_tokens": mask_BT.sum().item(),
+    }

@@ -92,6 +92,12 @@ def fingerprint(
     }
 
 
+def _reuse(out: Path, log) -> dict:
+    meta = json.loads((out / META_NAME).read_text())
+    log(f"[init-tiny] reusing {out} (held-out accuracy {meta['eval_accuracy']:.3f})")
+    return meta
+
+
 def is_built(out_dir: str | Path, fp: dict) -> bool:
     meta = Path(out_dir) / META_NAME
     if not meta.is_file():
@@ -213,40 +219,56 @@ def warm_start(
     figures: dict = {}
     step = 0
     while step < horizon:
-        for group in opt.param_groups:
-            group["lr"] = SFT_LR * lr_factor(step, horizon)
-        ids, attn, labels = _sft_batch(
-            tokenizer, rng, task, SFT_BATCH, difficulty, max(difficulty, max_difficulty)
+        loss = _sft_step(
+            model, opt, tokenizer, rng, task, (difficulty, max_difficulty), step, horizon
         )
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
         step += 1
         if step % CHECK_EVERY and step != horizon:
             continue
-        figures = {"step": step, "loss": round(loss.item(), 4)}
+        figures = {"step": step, "loss": round(loss, 4)}
         figures |= greedy_figures(model, tokenizer, task, check_records, budget)
         history.append(figures)
-        log(
-            f"[init-tiny] warm start step {step}: loss {figures['loss']:.3f}, steps right "
-            f"{figures['steps_ok']:.2f} (target {STEPS_OK_TARGET}), answer = shortcut "
-            f"{figures['shortcut_rate']:.2f}, accuracy {figures['accuracy']:.2f} "
-            f"({time.time() - t0:.0f}s)"
-        )
+        log(_check_line(figures, time.time() - t0))
         if sft_steps is None and figures["steps_ok"] >= STEPS_OK_TARGET:
             break
     model.eval()
     if sft_steps is None and figures.get("steps_ok", 0.0) < STEPS_OK_TARGET:
-        best = max(history, key=lambda h: h["steps_ok"])
-        raise WarmStartError(
-            f"the warm start did not reach its criterion: held-out steps right "
-            f"{figures['steps_ok']:.2f} after {step} steps (target {STEPS_OK_TARGET}; best "
-            f"{best['steps_ok']:.2f} at step {best['step']}, loss {figures['loss']:.3f}). "
-            "Try another seed (`dapo-async init-tiny --seed N`, or model.tiny_seed=N) and "
-            "report the figures above with your CPU model."
-        )
+        raise WarmStartError(_missed_message(history))
     return {"sft_steps_run": step, "criterion": figures, "checks": history}
+
+
+def _sft_step(
+    model, opt, tokenizer, rng, task: str, levels: tuple[int, int], step: int, horizon: int
+):
+    """One supervised step at the scheduled learning rate; returns the loss."""
+    for group in opt.param_groups:
+        group["lr"] = SFT_LR * lr_factor(step, horizon)
+    lo, hi = levels
+    ids, attn, labels = _sft_batch(tokenizer, rng, task, SFT_BATCH, lo, max(lo, hi))
+    loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _check_line(figures: dict, seconds: float) -> str:
+    return (
+        f"[init-tiny] warm start step {figures['step']}: loss {figures['loss']:.3f}, steps right "
+        f"{figures['steps_ok']:.2f} (target {STEPS_OK_TARGET}), answer = shortcut "
+        f"{figures['shortcut_rate']:.2f}, accuracy {figures['accuracy']:.2f} ({seconds:.0f}s)"
+    )
+
+
+def _missed_message(history: list[dict]) -> str:
+    last, best = history[-1], max(history, key=lambda h: h["steps_ok"])
+    return (
+        f"the warm start did not reach its criterion: held-out steps right "
+        f"{last['steps_ok']:.2f} after {last['step']} steps (target {STEPS_OK_TARGET}; best "
+        f"{best['steps_ok']:.2f} at step {best['step']}, loss {last['loss']:.3f}). "
+        "Try another seed (`dapo-async init-tiny --seed N`, or model.tiny_seed=N) and "
+        "report the figures above with your CPU model."
+    )
 
 
 def build(
@@ -270,9 +292,7 @@ def build(
     max_difficulty = max_difficulty if max_difficulty > difficulty else 0
     fp = fingerprint(seed, task, sft_steps, difficulty, max_difficulty)
     if not force and is_built(out, fp):
-        meta = json.loads((out / META_NAME).read_text())
-        log(f"[init-tiny] reusing {out} (held-out accuracy {meta['eval_accuracy']:.3f})")
-        return meta
+        return _reuse(out, log)
     if "OMP_NUM_THREADS" not in os.environ:  # set by the caller: respect it (shared cores)
         torch.set_num_threads(max(1, min(BUILD_THREADS, os.cpu_count() or 1)))
     tmp = out.with_name(out.name + ".building")
@@ -288,7 +308,7 @@ def build(
     log(
         f"[init-tiny] tiny Llama with {n_params / 1e6:.2f}M parameters; warm start on "
         f"tiny:{task} (difficulty {levels}, seed {seed}) until {STEPS_OK_TARGET:.0%} of "
-        f"held-out prompts have every step right"
+        "held-out prompts have every step right"
     )
     ws = warm_start(model, tokenizer, task, seed, difficulty, max_difficulty, sft_steps, log)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -297,24 +317,28 @@ def build(
     meta = {
         "fingerprint": fp,
         "num_params": n_params,
-        "eval_accuracy": held_out["accuracy"],
-        "eval_steps_ok": held_out["steps_ok"],
-        "eval_shortcut_rate": held_out["shortcut_rate"],
+        **{f"eval_{k}": v for k, v in held_out.items()},
         "eval_prompts": EVAL_PROMPTS,
         **ws,
         "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "build_seconds": round(time.time() - t0, 1),
     }
-    (tmp / META_NAME).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    _install(tmp, out, meta)
     log(
         f"[init-tiny] saved {out} in {meta['build_seconds']}s after {ws['sft_steps_run']} steps; "
         f"held-out greedy accuracy {held_out['accuracy']:.3f}, steps right "
         f"{held_out['steps_ok']:.3f}, shortcut answers {held_out['shortcut_rate']:.3f}"
     )
     return meta
+
+
+def _install(tmp: Path, out: Path, meta: dict) -> None:
+    """Write the metadata and move the finished build into place (a crash leaves the old
+    directory or none, never a half-written one under ``out``)."""
+    (tmp / META_NAME).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
 
 
 def held_out_figures(
