@@ -2,7 +2,7 @@
 
 Parses the config, loads and encodes the prompts (tokenizer of the policy, no torch), binds
 the ROUTER (launch.host / buffer.port; CurveZMQ with launch.curve_keys_dir), writes its endpoint
-to ``<run_dir>/endpoints/buffer`` and serves until SIGINT/SIGTERM or a Shutdown message.
+to ``<run_dir>/endpoints/buffer`` and serves until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -11,46 +11,43 @@ import argparse
 import sys
 import time
 
+import zmq
+
+from dapo_async import transport
+from dapo_async.buffer.service import WAL_NAME, BufferService
+from dapo_async.config import load_config, save_resolved
+from dapo_async.data.datasets import PromptEncoder, load_source
+from dapo_async.roles import StopFlag, setup_logging, write_endpoint
+from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 
 
-def main(args: argparse.Namespace) -> int:
-    from dapo_async.config import load_config, save_resolved
-    from dapo_async.roles import StopFlag, setup_logging, write_endpoint
-
-    cfg = load_config(args.config, args.overrides)
-    log = setup_logging("buffer")
-    stop = StopFlag().install()
-
-    import zmq
-
-    from dapo_async import transport as T
-    from dapo_async.buffer.service import WAL_NAME, BufferService
-    from dapo_async.data.datasets import PromptEncoder, load_source
-    from dapo_async.tracking import Tracker
-
-    run_dir = cfg.resolved_run_dir
-    save_resolved(cfg, run_dir)
-    records = load_source(
-        cfg.data.source,
-        "train",
-        cfg.data.num_train,
-        cfg.data.difficulty,
-        cfg.seed,
-        cfg.data.max_difficulty,
-    )
+def load_prompts(cfg, log) -> tuple[list, list[list[int]]]:
+    """The training prompts that fit data.max_prompt_len, and their token ids."""
+    d = cfg.data
+    records = load_source(d.source, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty)
     enc = PromptEncoder(cfg.model.source_dir)
     tokens, kept = [], []
     for r in records:
         ids = enc.encode(r.messages)
-        if len(ids) <= cfg.data.max_prompt_len:
+        if len(ids) <= d.max_prompt_len:
             kept.append(r)
             tokens.append(ids)
     if not kept:
-        raise SystemExit(f"buffer: no prompt fits data.max_prompt_len={cfg.data.max_prompt_len}")
+        raise SystemExit(f"buffer: no prompt fits data.max_prompt_len={d.max_prompt_len}")
     log.info("%d prompts (%d filtered as too long)", len(kept), len(records) - len(kept))
+    return kept, tokens
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    log = setup_logging("buffer")
+    stop = StopFlag().install()
+    run_dir = cfg.resolved_run_dir
+    save_resolved(cfg, run_dir)
+    prompts, tokens = load_prompts(cfg, log)
     ctx = zmq.Context()
-    server = T.bind_server(
+    server = transport.bind_server(
         ctx,
         zmq.ROUTER,
         cfg.launch.host,
@@ -62,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     svc = BufferService(
         cfg,
-        kept,
+        prompts,
         tokens,
         server,
         wal_path=(run_dir / WAL_NAME) if cfg.buffer.wal else None,
@@ -71,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
     write_endpoint(run_dir, "buffer", server.endpoint)
     log.info("serving on %s (wal=%s)", server.endpoint, cfg.buffer.wal)
     try:
-        while not stop and not svc.stopped:
+        while not stop:
             svc.run_once()
     finally:
         tracker.track(svc.stats(), int(time.monotonic() - t0))
@@ -80,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         server.close()
         ctx.term()
         tracker.close()
-    log.info("stopped (%s): %s", stop.reason or "shutdown", svc.state.counters.to_dict())
+    log.info("stopped (%s): %s", stop.reason or "done", svc.state.counters.to_dict())
     return 0
 
 

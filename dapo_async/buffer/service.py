@@ -60,7 +60,6 @@ class BufferService:
             self._recover(Path(wal_path))
             self.wal = W.WriteAheadLog(wal_path)
         self._last_stats = time.monotonic()
-        self.stopped = False
 
     # ------------------------------------------------------------------ durability
 
@@ -119,72 +118,80 @@ class BufferService:
     # ------------------------------------------------------------------ handlers
 
     def handle(self, msg: P.Message) -> P.Message | None:
+        """The reply to one validated message (None: no reply)."""
+        handler = {
+            P.Hello: self._on_hello,
+            P.Heartbeat: self._on_heartbeat,
+            P.LeaseRequest: self._on_lease_request,
+            P.ScoredGroups: self._on_scored_groups,
+            P.BatchRequest: self._on_batch_request,
+            P.CheckpointNotice: self._on_checkpoint,
+        }.get(type(msg))
+        return handler(msg) if handler is not None else None
+
+    def _on_hello(self, msg: P.Hello) -> P.Message:
+        self.state.hello(msg.generator_id)
+        self._log("hello", msg.generator_id)
+        return P.Ack([], [])
+
+    def _on_heartbeat(self, msg: P.Heartbeat) -> None:
+        self.state.heartbeat(msg.sender)
+
+    def _on_lease_request(self, msg: P.LeaseRequest) -> P.Message:
         s = self.state
-        if isinstance(msg, P.Hello):
-            s.hello(msg.generator_id)
-            self._log("hello", msg.generator_id)
-            return P.Ack([], [])
-        if isinstance(msg, P.Heartbeat):
-            s.heartbeat(msg.sender)
-            return None
-        if isinstance(msg, P.LeaseRequest):
-            if msg.generator_id not in s.generators:
-                return P.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
-            leases = s.grant(msg.generator_id, msg.num_prompts)
-            if leases:
-                self._log("grant", [msg.generator_id, msg.num_prompts])
-            recs = [self.records[ls.prompt_index] for ls in leases]
-            return P.LeaseGrant(
-                prompt_ids=[ls.lease_id for ls in leases],
-                prompts=[self.prompt_tokens[ls.prompt_index] for ls in leases],
-                ground_truths=[r.ground_truth for r in recs],
-                data_sources=[r.data_source for r in recs],
-                version=s.version,
-                wait_s=0.0 if leases else RETRY_WAIT_S,
-                min_version=max(0, s.version - self.cfg.buffer.max_staleness),
-            )
-        if isinstance(msg, P.ScoredGroups):
-            names = msg.batch.component_names
-            if names != s.component_names:
-                if s.counters.accepted == 0 and not s.groups:
-                    s.component_names = list(names)  # the first generator sets the schema
-                else:
-                    self.malformed["component_names"] = self.malformed.get(
-                        "component_names", 0
-                    ) + len(msg.batch)
-                    return P.Ack(
-                        msg.batch.group_ids(), ["rejected:component_names"] * len(msg.batch)
-                    )
-            statuses = []
-            for i in range(len(msg.batch)):
-                g = msg.batch.group(i)
-                status = s.ingest(g)
-                if status == "stored" or status.startswith("rejected"):
-                    self._log("ingest", None, W.encode_group(g, msg.batch.component_names))
-                statuses.append(status)
-            return P.Ack(msg.batch.group_ids(), statuses)
-        if isinstance(msg, P.BatchRequest):
-            try:
-                res = s.batch(msg.step, msg.rank, msg.world_size)
-            except ValueError as e:
-                log.warning("bad batch request %s: %s", msg, e)
-                self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
-                return P.Batch(msg.step, msg.rank, False, wait_s=1.0)
-            self._log("batch", [msg.step, msg.rank, msg.world_size])
-            if res is None:
-                # counters ride along so a starving learner can say why it waits
-                return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats())
-            batch, tokens, num_groups = res
-            return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch)
-        if isinstance(msg, P.CheckpointNotice):
-            s.mark_checkpoint(msg.step)
-            self._log("checkpoint", msg.step)
-            self.compact()
-            return P.Ack([], [])
-        if isinstance(msg, P.Shutdown):
-            self.stopped = True
-            return None
-        return None
+        if msg.generator_id not in s.generators:
+            return P.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
+        leases = s.grant(msg.generator_id, msg.num_prompts)
+        if leases:
+            self._log("grant", [msg.generator_id, msg.num_prompts])
+        recs = [self.records[ls.prompt_index] for ls in leases]
+        return P.LeaseGrant(
+            prompt_ids=[ls.lease_id for ls in leases],
+            prompts=[self.prompt_tokens[ls.prompt_index] for ls in leases],
+            ground_truths=[r.ground_truth for r in recs],
+            data_sources=[r.data_source for r in recs],
+            version=s.version,
+            wait_s=0.0 if leases else RETRY_WAIT_S,
+            min_version=s.oldest_allowed_version(),
+        )
+
+    def _on_scored_groups(self, msg: P.ScoredGroups) -> P.Message:
+        s, names = self.state, msg.batch.component_names
+        if names != s.component_names:
+            if s.counters.accepted == 0 and not s.groups:
+                s.component_names = list(names)  # the first generator sets the schema
+            else:
+                n = len(msg.batch)
+                self.malformed["component_names"] = self.malformed.get("component_names", 0) + n
+                return P.Ack(msg.batch.group_ids(), ["rejected:component_names"] * n)
+        statuses = []
+        for i in range(len(msg.batch)):
+            g = msg.batch.group(i)
+            status = s.ingest(g)
+            if status == "stored" or status.startswith("rejected"):
+                self._log("ingest", None, W.encode_group(g, msg.batch.component_names))
+            statuses.append(status)
+        return P.Ack(msg.batch.group_ids(), statuses)
+
+    def _on_batch_request(self, msg: P.BatchRequest) -> P.Message:
+        try:
+            res = self.state.batch(msg.step, msg.rank, msg.world_size)
+        except ValueError as e:
+            log.warning("bad batch request %s: %s", msg, e)
+            self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
+            return P.Batch(msg.step, msg.rank, False, wait_s=1.0)
+        self._log("batch", [msg.step, msg.rank, msg.world_size])
+        if res is None:
+            # counters ride along so a starving learner can say why it waits
+            return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats())
+        batch, tokens, num_groups = res
+        return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch)
+
+    def _on_checkpoint(self, msg: P.CheckpointNotice) -> P.Message:
+        self.state.mark_checkpoint(msg.step)
+        self._log("checkpoint", msg.step)
+        self.compact()
+        return P.Ack([], [])
 
     def compact(self) -> None:
         if self.wal is None:

@@ -128,6 +128,11 @@ class BufferState:
     def capacity(self) -> int:
         return (self.version + 1 + self.cfg.max_staleness) * self.cfg.groups_per_step
 
+    def oldest_allowed_version(self) -> int:
+        """The oldest policy version whose tokens may still be trained at the next step
+        (invariant 2): a generator holding older weights waits for newer ones."""
+        return max(0, self.version - self.cfg.max_staleness)
+
     def admissible(self) -> int:
         """How many more prompts may be leased now (admission rule and memory bound)."""
         # qualified groups dropped later (stale at assembly, rolled back on resume) no longer

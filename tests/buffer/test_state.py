@@ -52,11 +52,19 @@ def test_groups_dropped_as_stale_free_admission():
     assert s.batch(1, 0, 1) is not None
 
 
-def test_lease_grant_carries_the_oldest_allowed_version():
-    from dapo_async import protocol as P
-
-    g = P.decode(P.encode(P.LeaseGrant([1], [[1, 2]], ["3"], ["x"], 5, 0.0, min_version=4)))
-    assert g.min_version == 4
+def test_oldest_allowed_version_follows_the_learner_and_the_bound():
+    """Leases carry the oldest version whose tokens may still be trained: v - max_staleness,
+    never below 0, moving up as the learner asks for later steps."""
+    s = state(groups_per_step=2, max_staleness=2)
+    assert s.oldest_allowed_version() == 0
+    s.advance(1, 0, 1)
+    assert s.oldest_allowed_version() == 0  # 1 - 2 < 0
+    s.advance(5, 0, 1)
+    assert s.oldest_allowed_version() == 3
+    assert state(groups_per_step=2, max_staleness=0).oldest_allowed_version() == 0
+    sync = state(groups_per_step=2, max_staleness=0)
+    sync.advance(4, 0, 1)
+    assert sync.oldest_allowed_version() == 4
 
 
 def test_dedupe_unknown_lease_and_unknown_generator():
