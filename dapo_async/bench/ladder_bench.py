@@ -14,8 +14,8 @@ costs accuracy per step, and the objective decides how much.
 
 Every run evaluates held-out greedy accuracy every ``--eval-every`` steps. Per arm, over seeds:
 ``after`` (mean and std of the final held-out accuracy), ``curve_mean`` (mean over the
-evaluations), ``steps``, ``seconds_to_target`` (mean training seconds until held-out accuracy
-first reached ``--target``; runs that never did count as their whole training time and are
+evaluations), ``steps``, ``seconds_to_target`` (mean training seconds, evaluations excluded,
+until held-out accuracy first reached ``--target``; runs that never did count as their whole training time and are
 counted in ``missed_target``). Runs are interleaved by seed (seed 0 every arm, seed 1 every arm,
 …) so machine noise falls on all arms alike. PNG plots go into ``--out`` (``ladder.png``: final
 accuracy per arm; ``curves.png``: held-out accuracy against steps or seconds).
@@ -85,14 +85,17 @@ def read_curve(run_dir: Path) -> dict:
     evals = [r for r in read_metrics(run_dir, "learner") if "eval/accuracy" in r]
     after = json.loads((run_dir / "eval_after.json").read_text())["eval/accuracy"]
     summary = json.loads((run_dir / "learner_summary.json").read_text())
-    t0 = evals[0]["time"] if evals else 0.0  # the step-0 evaluation, just before training
+    train_s = float(summary.get("train_seconds", summary["seconds"]))
+    # training seconds (evaluations excluded) at each evaluation: 0 for the one before
+    # training, the step's own figure for periodic ones, the run's total for the final one
+    seconds = [0.0 if r["step"] == 0 else r.get("learner/train_seconds", train_s) for r in evals]
     return {
         "steps": [int(r["step"]) for r in evals],
-        "seconds": [r["time"] - t0 for r in evals],
+        "seconds": seconds,
         "accuracy": [r["eval/accuracy"] for r in evals],
         "after": after,
         "num_steps": int(summary["steps"]),
-        "train_seconds": float(summary["seconds"]),
+        "train_seconds": train_s,
     }
 
 
