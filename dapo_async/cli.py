@@ -25,17 +25,17 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from dapo_async import config as C
+    from dapo_async import config
 
     if args.action == "docs":
         print("| key | default | description |\n| --- | --- | --- |")
-        for key, doc, default in C.field_docs():
+        for key, doc, default in config.field_docs():
             print(f"| `{key}` | `{json.dumps(default)}` | {doc} |")
         return 0
     if args.config is None:
         raise CliError("config show needs a config file")
-    cfg = C.load_config(args.config, args.overrides)
-    print(C.to_yaml(cfg), end="")
+    cfg = config.load_config(args.config, args.overrides)
+    print(config.to_yaml(cfg), end="")
     return 0
 
 

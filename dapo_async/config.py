@@ -386,7 +386,11 @@ class TrackingConfig:
 
 @dataclass
 class LaunchConfig:
-    host: str = F("127.0.0.1", "Address the buffer binds to (non-loopback needs CurveZMQ keys).")
+    host: str = F(
+        "127.0.0.1",
+        "Address the buffer binds to (non-loopback needs CurveZMQ keys), and the host of the "
+        "weight-sync store when weight_sync.endpoint is empty.",
+    )
     buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
     curve_keys_dir: str = F("", "Directory made by `dapo-async keys`; enables CurveZMQ.")
     insecure_allow_public_bind: bool = F(
@@ -406,7 +410,7 @@ class LaunchConfig:
 class RunConfig:
     name: str = F("tiny-dapo", "Run name; also the default Aim experiment.")
     seed: int = F(0, "Global seed (model init, sampling, shuffles).")
-    run_dir: str = F("", "Run directory; empty = runs/<name>.")
+    run_dir: str = F("", "Run directory; empty = runs/<name>-<YYYYmmdd-HHMMSS>.")
     model: ModelConfig = S(ModelConfig, "The policy model.")
     data: DataConfig = S(DataConfig, "Prompt data.")
     generator: GeneratorConfig = S(GeneratorConfig, "Generators and their inference engine.")

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import psutil
 
-from dapo_async import protocol as P
+from dapo_async import protocol
 from dapo_async.buffer.service import BufferService
 from dapo_async.config import RunConfig
 from dapo_async.data.tasks import PromptRecord
@@ -30,14 +30,14 @@ PROMPT_LEN = 64
 
 def _groups(
     gen: str, start: int, n: int, leases: list[int], response_len: int, rng
-) -> list[P.Group]:
+) -> list[protocol.Group]:
     out = []
     for i in range(n):
         t = RESPONSES * response_len
         acc = np.zeros(RESPONSES, np.float32)
         acc[: 1 + i % (RESPONSES - 1)] = 1.0  # mixed: passes dynamic sampling
         out.append(
-            P.Group(
+            protocol.Group(
                 gen,
                 start + i,
                 leases[i],
@@ -66,7 +66,7 @@ def run(
         PromptRecord(i, [{"role": "user", "content": str(i)}], "0", "bench") for i in range(1000)
     ]
     svc = BufferService(cfg, records, [[1, 2, 3]] * len(records), server=None)
-    svc.handle(P.Hello("bench", 1, "hf"))
+    svc.handle(protocol.Hello("bench", 1, "hf"))
     rng = np.random.default_rng(0)
     proc = psutil.Process()
     rss0 = proc.memory_info().rss  # before the messages exist: stored groups are views of them
@@ -74,9 +74,9 @@ def run(
     for start in range(0, num_groups, batch):
         n = min(batch, num_groups - start)
         leases = [ls.lease_id for ls in svc.state.grant("bench", n)]
-        frames = P.encode(
-            P.ScoredGroups(
-                batch=P.GroupBatch.from_groups(
+        frames = protocol.encode(
+            protocol.ScoredGroups(
+                batch=protocol.GroupBatch.from_groups(
                     _groups("bench", start, n, leases, response_len, rng), ["correct", "overlong"]
                 )
             )
@@ -84,7 +84,7 @@ def run(
         msgs.append([bytes(memoryview(f).cast("B")) for f in frames])
     t0 = time.perf_counter()
     for frames in msgs:
-        svc.handle(P.decode(frames))
+        svc.handle(protocol.decode(frames))
     t_ingest = time.perf_counter() - t0
     del msgs
     rss1 = proc.memory_info().rss
@@ -95,10 +95,10 @@ def run(
     while True:
         got = 0
         for rank in range(2):
-            reply = svc.handle(P.BatchRequest(rank, 2, step))
+            reply = svc.handle(protocol.BatchRequest(rank, 2, step))
             if not reply.ready:
                 break
-            P.encode(reply)
+            protocol.encode(reply)
             got += len(reply.batch)
         if got == 0:
             break

@@ -23,8 +23,7 @@ import time
 
 import zmq
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
+from dapo_async import protocol, transport
 
 # Seconds per measurement: engine batches vary in length (sampling), shorter windows are noisy.
 DEFAULT_SECONDS = 3.0
@@ -39,7 +38,7 @@ class InstantBuffer(threading.Thread):
 
     def __init__(self, ctx: zmq.Context, prompts: list[list[int]], truths: list[str]):
         super().__init__(daemon=True)
-        self.server = T.bind_server(ctx, zmq.ROUTER, "127.0.0.1", 0)
+        self.server = transport.bind_server(ctx, zmq.ROUTER, "127.0.0.1", 0)
         self.prompts, self.truths = prompts, truths
         self.stop = False
         self.next = 0
@@ -48,18 +47,18 @@ class InstantBuffer(threading.Thread):
         sock = self.server.socket
         while not self.stop:
             try:
-                ident, msg = T.recv_routed(sock, timeout_s=SERVER_POLL_S)
-            except T.RecvTimeout:
+                ident, msg = transport.recv_routed(sock, timeout_s=SERVER_POLL_S)
+            except transport.RecvTimeout:
                 continue
-            if isinstance(msg, P.Hello):
-                T.send_routed(sock, ident, P.Ack([], []))
-            elif isinstance(msg, P.LeaseRequest):
+            if isinstance(msg, protocol.Hello):
+                transport.send_routed(sock, ident, protocol.Ack([], []))
+            elif isinstance(msg, protocol.LeaseRequest):
                 idx = [(self.next + i) % len(self.prompts) for i in range(msg.num_prompts)]
                 self.next += msg.num_prompts
-                T.send_routed(
+                transport.send_routed(
                     sock,
                     ident,
-                    P.LeaseGrant(
+                    protocol.LeaseGrant(
                         list(range(self.next - len(idx), self.next)),
                         [self.prompts[i] for i in idx],
                         [self.truths[i] for i in idx],
@@ -67,9 +66,9 @@ class InstantBuffer(threading.Thread):
                         0,
                     ),
                 )
-            elif isinstance(msg, P.ScoredGroups):
+            elif isinstance(msg, protocol.ScoredGroups):
                 gids = [(str(g), int(s)) for g, s in msg.batch.group_ids()]
-                T.send_routed(sock, ident, P.Ack(gids, ["stored"] * len(gids)))
+                transport.send_routed(sock, ident, protocol.Ack(gids, ["stored"] * len(gids)))
         self.server.close()
 
 
@@ -102,7 +101,7 @@ def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
     ctx = zmq.Context()
     buf = InstantBuffer(ctx, prompts, truths)
     buf.start()
-    sock = T.connect_client(ctx, zmq.DEALER, buf.server.endpoint)
+    sock = transport.connect_client(ctx, zmq.DEALER, buf.server.endpoint)
     loop = GeneratorLoop("bench", engine, score, sock, params, bsz, engine_name=engine_name)
     engine.generate(prompts[:bsz], params)  # warm-up (first-call costs)
     while not loop.step(_Deadline(LOOP_WARMUP_S)):  # hello acked, first batch through

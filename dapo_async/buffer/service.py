@@ -19,9 +19,8 @@ from pathlib import Path
 
 import zmq
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
-from dapo_async.buffer import wal as W
+from dapo_async import protocol, transport
+from dapo_async.buffer import wal
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import RunConfig
 from dapo_async.data.tasks import PromptRecord
@@ -34,7 +33,7 @@ STATS_EVERY_S = 2.0
 RETRY_WAIT_S = 0.05
 # Handle at most this many messages before flushing and replying (bounded reply latency).
 MAX_MESSAGES_PER_ITERATION = 256
-# A buffer without its write-ahead log keeps this name for the log file inside the run dir.
+# File name of the write-ahead log inside the run directory (with buffer.wal on).
 WAL_NAME = "buffer.wal"
 
 
@@ -44,7 +43,7 @@ class BufferService:
         cfg: RunConfig,
         records: list[PromptRecord],
         prompt_tokens: list[list[int]],
-        server: T.Server,
+        server: transport.Server,
         wal_path: str | Path | None = None,
         on_stats: Callable[[dict[str, float]], None] | None = None,
     ):
@@ -55,30 +54,30 @@ class BufferService:
         self.state = BufferState(cfg.buffer, len(records), cfg.data.shuffle_seed, [])
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}
-        self.wal: W.WriteAheadLog | None = None
+        self.wal: wal.WriteAheadLog | None = None
         if wal_path is not None:
             self._recover(Path(wal_path))
-            self.wal = W.WriteAheadLog(wal_path)
+            self.wal = wal.WriteAheadLog(wal_path)
         self._last_stats = time.monotonic()
 
     # ------------------------------------------------------------------ durability
 
     def _recover(self, path: Path) -> None:
-        records = W.read_records(path)
+        records = wal.read_records(path)
         if not records:
             return
         groups, snap = [], None
         events = 0
         for kind, payload in records:
-            if kind == W.SNAPSHOT:
+            if kind == wal.SNAPSHOT:
                 snap = json.loads(payload)
-            elif kind == W.GROUP:
-                groups.append(W.decode_group(payload)[0])
+            elif kind == wal.GROUP:
+                groups.append(wal.decode_group(payload)[0])
             else:
                 if snap is not None or groups:
                     self.state.restore(snap, groups)
                     snap, groups = None, []
-                self._replay(*W.split_event(payload))
+                self._replay(*wal.split_event(payload))
                 events += 1
         if snap is not None:
             self.state.restore(snap, groups)
@@ -99,7 +98,7 @@ class BufferService:
         elif name == "expire":
             s.expire_ids(args)
         elif name == "ingest":
-            group, names = W.decode_group(blob)
+            group, names = wal.decode_group(blob)
             if not s.component_names and s.counters.accepted == 0:
                 s.component_names = list(names)
             s.ingest(group)
@@ -117,35 +116,35 @@ class BufferService:
 
     # ------------------------------------------------------------------ handlers
 
-    def handle(self, msg: P.Message) -> P.Message | None:
+    def handle(self, msg: protocol.Message) -> protocol.Message | None:
         """The reply to one validated message (None: no reply)."""
         handler = {
-            P.Hello: self._on_hello,
-            P.Heartbeat: self._on_heartbeat,
-            P.LeaseRequest: self._on_lease_request,
-            P.ScoredGroups: self._on_scored_groups,
-            P.BatchRequest: self._on_batch_request,
-            P.CheckpointNotice: self._on_checkpoint,
+            protocol.Hello: self._on_hello,
+            protocol.Heartbeat: self._on_heartbeat,
+            protocol.LeaseRequest: self._on_lease_request,
+            protocol.ScoredGroups: self._on_scored_groups,
+            protocol.BatchRequest: self._on_batch_request,
+            protocol.CheckpointNotice: self._on_checkpoint,
         }.get(type(msg))
         return handler(msg) if handler is not None else None
 
-    def _on_hello(self, msg: P.Hello) -> P.Message:
+    def _on_hello(self, msg: protocol.Hello) -> protocol.Message:
         self.state.hello(msg.generator_id)
         self._log("hello", msg.generator_id)
-        return P.Ack([], [])
+        return protocol.Ack([], [])
 
-    def _on_heartbeat(self, msg: P.Heartbeat) -> None:
+    def _on_heartbeat(self, msg: protocol.Heartbeat) -> None:
         self.state.heartbeat(msg.sender)
 
-    def _on_lease_request(self, msg: P.LeaseRequest) -> P.Message:
+    def _on_lease_request(self, msg: protocol.LeaseRequest) -> protocol.Message:
         s = self.state
         if msg.generator_id not in s.generators:
-            return P.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
+            return protocol.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
         leases = s.grant(msg.generator_id, msg.num_prompts)
         if leases:
             self._log("grant", [msg.generator_id, msg.num_prompts])
         recs = [self.records[ls.prompt_index] for ls in leases]
-        return P.LeaseGrant(
+        return protocol.LeaseGrant(
             prompt_ids=[ls.lease_id for ls in leases],
             prompts=[self.prompt_tokens[ls.prompt_index] for ls in leases],
             ground_truths=[r.ground_truth for r in recs],
@@ -155,7 +154,7 @@ class BufferService:
             min_version=s.oldest_allowed_version(),
         )
 
-    def _on_scored_groups(self, msg: P.ScoredGroups) -> P.Message:
+    def _on_scored_groups(self, msg: protocol.ScoredGroups) -> protocol.Message:
         s, names = self.state, msg.batch.component_names
         if names != s.component_names:
             if s.counters.accepted == 0 and not s.groups:
@@ -163,40 +162,46 @@ class BufferService:
             else:
                 n = len(msg.batch)
                 self.malformed["component_names"] = self.malformed.get("component_names", 0) + n
-                return P.Ack(msg.batch.group_ids(), ["rejected:component_names"] * n)
+                return protocol.Ack(msg.batch.group_ids(), ["rejected:component_names"] * n)
         statuses = []
         for i in range(len(msg.batch)):
             g = msg.batch.group(i)
             status = s.ingest(g)
             if status == "stored" or status.startswith("rejected"):
-                self._log("ingest", None, W.encode_group(g, msg.batch.component_names))
+                self._log("ingest", None, wal.encode_group(g, msg.batch.component_names))
             statuses.append(status)
-        return P.Ack(msg.batch.group_ids(), statuses)
+        return protocol.Ack(msg.batch.group_ids(), statuses)
 
-    def _on_batch_request(self, msg: P.BatchRequest) -> P.Message:
+    def _on_batch_request(self, msg: protocol.BatchRequest) -> protocol.Message:
         try:
             res = self.state.batch(msg.step, msg.rank, msg.world_size)
         except ValueError as e:
             log.warning("bad batch request %s: %s", msg, e)
             self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
-            return P.Batch(msg.step, msg.rank, False, wait_s=1.0)
+            return protocol.Batch(msg.step, msg.rank, False, wait_s=1.0)
         self._log("batch", [msg.step, msg.rank, msg.world_size])
         if res is None:
             # counters ride along so a starving learner can say why it waits
-            return P.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats())
+            return protocol.Batch(
+                msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats()
+            )
         batch, tokens, num_groups = res
-        return P.Batch(msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch)
+        return protocol.Batch(
+            msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch
+        )
 
-    def _on_checkpoint(self, msg: P.CheckpointNotice) -> P.Message:
+    def _on_checkpoint(self, msg: protocol.CheckpointNotice) -> protocol.Message:
         self.state.mark_checkpoint(msg.step)
         self._log("checkpoint", msg.step)
         self.compact()
-        return P.Ack([], [])
+        return protocol.Ack([], [])
 
     def compact(self) -> None:
         if self.wal is None:
             return
-        blobs = [W.encode_group(g, self.state.component_names) for g in self.state.groups.values()]
+        blobs = [
+            wal.encode_group(g, self.state.component_names) for g in self.state.groups.values()
+        ]
         self.wal.compact(self.state.snapshot(), blobs)
 
     # ------------------------------------------------------------------ loop
@@ -207,12 +212,12 @@ class BufferService:
         if not sock.poll(POLL_MS):
             self._periodic()
             return 0
-        replies: list[tuple[bytes, P.Message]] = []
+        replies: list[tuple[bytes, protocol.Message]] = []
         n = 0
         while n < MAX_MESSAGES_PER_ITERATION and sock.poll(0):
-            ident, msg = T.recv_routed(sock, timeout_s=None)
+            ident, msg = transport.recv_routed(sock, timeout_s=None)
             n += 1
-            if isinstance(msg, P.ProtocolError):
+            if isinstance(msg, protocol.ProtocolError):
                 self.malformed[msg.reason] = self.malformed.get(msg.reason, 0) + 1
                 continue
             reply = self.handle(msg)
@@ -222,7 +227,7 @@ class BufferService:
             self.wal.flush()
         for ident, reply in replies:
             try:
-                T.send_routed(sock, ident, reply)
+                transport.send_routed(sock, ident, reply)
             except zmq.ZMQError as e:  # peer gone: it will resend
                 log.debug("reply to a departed peer dropped: %s", e)
         self._periodic()

@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from dapo_async import protocol as P
+from dapo_async import protocol
 
 SNAPSHOT, GROUP, EVENT = 1, 2, 3
 _HEAD = struct.Struct("<IB")
@@ -29,16 +29,18 @@ _FRAMES = struct.Struct("<II")  # header length, data length
 MAX_RECORD_BYTES = 1 << 30
 
 
-def encode_group(group: P.Group, component_names: list[str]) -> bytes:
-    frames = P.encode(P.ScoredGroups(batch=P.GroupBatch.from_groups([group], component_names)))
+def encode_group(group: protocol.Group, component_names: list[str]) -> bytes:
+    frames = protocol.encode(
+        protocol.ScoredGroups(batch=protocol.GroupBatch.from_groups([group], component_names))
+    )
     header, data = bytes(frames[0]), bytes(memoryview(frames[1]).cast("B"))
     return _FRAMES.pack(len(header), len(data)) + header + data
 
 
-def decode_group(buf: bytes) -> tuple[P.Group, list[str]]:
+def decode_group(buf: bytes) -> tuple[protocol.Group, list[str]]:
     hl, dl = _FRAMES.unpack_from(buf)
     off = _FRAMES.size
-    msg = P.decode([buf[off : off + hl], buf[off + hl : off + hl + dl]])
+    msg = protocol.decode([buf[off : off + hl], buf[off + hl : off + hl + dl]])
     return msg.batch.group(0), msg.batch.component_names  # type: ignore[attr-defined]
 
 

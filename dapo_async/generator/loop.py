@@ -22,10 +22,10 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
+from dapo_async import protocol, transport
 from dapo_async.engines.base import SamplingParams
 from dapo_async.generator.rollout import make_group
+from dapo_async.reward.compose import COMPONENT_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class GeneratorLoop:
         self.on_metrics = on_metrics
         self.engine_name = engine_name
         self.seq = 0
-        self.outbox: OrderedDict[P.GroupId, tuple[P.Group, float]] = OrderedDict()
-        self._grant: P.LeaseGrant | None = None
+        self.outbox: OrderedDict[protocol.GroupId, tuple[protocol.Group, float]] = OrderedDict()
+        self._grant: protocol.LeaseGrant | None = None
         self._hello_acked = False
         self._last_heartbeat = 0.0
         self.counters = {
@@ -89,9 +89,9 @@ class GeneratorLoop:
 
     # ------------------------------------------------------------------ socket
 
-    def _send(self, msg: P.Message) -> None:
+    def _send(self, msg: protocol.Message) -> None:
         try:
-            T.send(self.sock, msg, flags=zmq.NOBLOCK)
+            transport.send(self.sock, msg, flags=zmq.NOBLOCK)
         except zmq.Again:  # queue full (buffer away): the outbox resends later
             log.debug("send queue full; %s dropped for now", msg.KIND)
 
@@ -106,18 +106,18 @@ class GeneratorLoop:
             if not self.sock.poll(int(left * 1000)):
                 return
             try:
-                msg = T.recv(self.sock, timeout_s=None)
-            except P.ProtocolError as e:
+                msg = transport.recv(self.sock, timeout_s=None)
+            except protocol.ProtocolError as e:
                 log.warning("bad message from buffer: %s", e)
                 continue
-            if isinstance(msg, P.Ack):
+            if isinstance(msg, protocol.Ack):
                 self._on_ack(msg)
-            elif isinstance(msg, P.LeaseGrant):
+            elif isinstance(msg, protocol.LeaseGrant):
                 self._grant = msg
             if time.monotonic() >= deadline and not self.sock.poll(0):
                 return
 
-    def _on_ack(self, ack: P.Ack) -> None:
+    def _on_ack(self, ack: protocol.Ack) -> None:
         if not ack.group_ids:
             self._hello_acked = True
             return
@@ -137,12 +137,12 @@ class GeneratorLoop:
     def hello(self) -> None:
         import os
 
-        self._send(P.Hello(self.id, os.getpid(), self.engine_name))
+        self._send(protocol.Hello(self.id, os.getpid(), self.engine_name))
 
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self._last_heartbeat >= self.heartbeat_s:
-            self._send(P.Heartbeat(self.id, self.engine.version, len(self.outbox)))
+            self._send(protocol.Heartbeat(self.id, self.engine.version, len(self.outbox)))
             self._last_heartbeat = now
 
     def resend(self) -> None:
@@ -152,13 +152,15 @@ class GeneratorLoop:
             return
         for g in due:
             self.outbox[g.group_id] = (g, now)
-        self._send(P.ScoredGroups(batch=P.GroupBatch.from_groups(due, ["correct", "overlong"])))
+        self._send(
+            protocol.ScoredGroups(batch=protocol.GroupBatch.from_groups(due, list(COMPONENT_NAMES)))
+        )
         self.counters["resent"] += len(due)
 
-    def lease(self, stop) -> P.LeaseGrant | None:
+    def lease(self, stop) -> protocol.LeaseGrant | None:
         """Ask for prompts; returns the grant (possibly empty) or None on timeout/stop."""
         self._grant = None
-        self._send(P.LeaseRequest(self.id, self.prompts_per_batch))
+        self._send(protocol.LeaseRequest(self.id, self.prompts_per_batch))
         deadline = time.monotonic() + LEASE_TIMEOUT_S
         while self._grant is None and time.monotonic() < deadline and not stop:
             self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
@@ -186,6 +188,16 @@ class GeneratorLoop:
             return False
         self._await_weights(grant.min_version, stop)
         self.time_idle += time.monotonic() - t_wait
+        groups, t_gen = self.rollout(grant)
+        self.send_groups(groups)
+        self.pump(0.0)
+        if self.on_metrics is not None:
+            self.on_metrics(self._metrics(groups, t_gen))
+        return True
+
+    def rollout(self, grant: protocol.LeaseGrant) -> tuple[list[protocol.Group], float]:
+        """Sample G responses for every leased prompt and score them: (groups, seconds spent
+        in the engine). Every token carries the engine's version at the start of the call."""
         t0 = time.monotonic()
         version = self.engine.version
         outs = self.engine.generate(grant.prompts, self.params)
@@ -207,33 +219,37 @@ class GeneratorLoop:
                 )
             )
             self.seq += 1
+        return groups, t_gen
+
+    def send_groups(self, groups: list[protocol.Group]) -> None:
+        """Into the outbox (until acknowledged), then one ScoredGroups message."""
         now = time.monotonic()
         for g in groups:
             self.outbox[g.group_id] = (g, now)
-        self._send(P.ScoredGroups(batch=P.GroupBatch.from_groups(groups, ["correct", "overlong"])))
+        self._send(
+            protocol.ScoredGroups(
+                batch=protocol.GroupBatch.from_groups(groups, list(COMPONENT_NAMES))
+            )
+        )
         self.counters["groups_sent"] += len(groups)
         self.counters["batches"] += 1
-        n_tok = sum(g.num_tokens for g in groups)
-        self.counters["tokens"] += n_tok
-        self.pump(0.0)
-        if self.on_metrics is not None:
-            rewards = np.concatenate([g.rewards for g in groups])
-            acc = np.concatenate([g.acc for g in groups])
-            lens = np.concatenate([g.response_lens for g in groups])
-            elapsed = time.monotonic() - self._t_start
-            self.on_metrics(
-                {
-                    "generator/tokens_per_s": n_tok / max(t_gen, 1e-9),
-                    "generator/reward_mean": float(rewards.mean()),
-                    "generator/accuracy": float(acc.mean()),
-                    "generator/response_len_mean": float(lens.mean()),
-                    "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
-                    "generator/outbox": float(len(self.outbox)),
-                    "generator/version": float(version),
-                    "generator/groups_sent": float(self.counters["groups_sent"]),
-                }
-            )
-        return True
+        self.counters["tokens"] += sum(g.num_tokens for g in groups)
+
+    def _metrics(self, groups: list[protocol.Group], t_gen: float) -> dict[str, float]:
+        rewards = np.concatenate([g.rewards for g in groups])
+        acc = np.concatenate([g.acc for g in groups])
+        lens = np.concatenate([g.response_lens for g in groups])
+        elapsed = time.monotonic() - self._t_start
+        return {
+            "generator/tokens_per_s": sum(g.num_tokens for g in groups) / max(t_gen, 1e-9),
+            "generator/reward_mean": float(rewards.mean()),
+            "generator/accuracy": float(acc.mean()),
+            "generator/response_len_mean": float(lens.mean()),
+            "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
+            "generator/outbox": float(len(self.outbox)),
+            "generator/version": float(self.engine.version),
+            "generator/groups_sent": float(self.counters["groups_sent"]),
+        }
 
     def _await_weights(self, min_version: int, stop) -> None:
         """Before generating for a lease, wait (bounded) for weights the staleness bound allows:

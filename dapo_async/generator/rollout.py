@@ -1,5 +1,5 @@
 """Build scored groups from engine completions: the part of a generator step between the engine
-and the wire, shared by the generator process and the in-process synchronous trainer."""
+and the wire (``GeneratorLoop.rollout`` calls it once per leased prompt)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import time
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
+from dapo_async import protocol, transport
 
 # Ask the buffer again after this long when it does not answer (it may be restarting).
 BATCH_REQUEST_TIMEOUT_S = 10.0
@@ -28,18 +27,18 @@ def fetch_batch(sock, step: int, rank: int, world: int, stop, log):
         if time.monotonic() >= next_warning:
             log.warning(stall_message(step, time.monotonic() - t_start, last_stats))
             next_warning += STALL_WARN_S
-        T.send(sock, P.BatchRequest(rank, world, step))
+        transport.send(sock, protocol.BatchRequest(rank, world, step))
         deadline = time.monotonic() + BATCH_REQUEST_TIMEOUT_S
         reply = None
         while time.monotonic() < deadline and not stop:
             try:
-                msg = T.recv(sock, timeout_s=0.2)
-            except T.RecvTimeout:
+                msg = transport.recv(sock, timeout_s=0.2)
+            except transport.RecvTimeout:
                 continue
-            except P.ProtocolError as e:
+            except protocol.ProtocolError as e:
                 log.warning("bad message from buffer: %s", e)
                 continue
-            if isinstance(msg, P.Batch) and msg.step == step:
+            if isinstance(msg, protocol.Batch) and msg.step == step:
                 reply = msg
                 break
         if reply is None:

@@ -29,11 +29,10 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
+from dapo_async import protocol, transport
 from dapo_async.data.datasets import load_source
 from dapo_async.evaluation import evaluate_records
-from dapo_async.learner import checkpoint as C
+from dapo_async.learner import checkpoint
 from dapo_async.learner.fetch import fetch_batch
 from dapo_async.learner.parallel import Parallel
 from dapo_async.learner.trainer import Trainer, needs_reference
@@ -68,7 +67,7 @@ class Learner:
         self.cfg, self.rank, self.world, self.log, self.stop = cfg, rank, world, log, stop
         self.run_dir = cfg.resolved_run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.resume_from = C.latest(self.ckpt_root) if resume else None
+        self.resume_from = checkpoint.latest(self.ckpt_root) if resume else None
         self.tracker = self.publisher = None
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
@@ -87,7 +86,7 @@ class Learner:
             self.run_dir, "buffer", stop=self.stop
         )
         self.ctx = zmq.Context()
-        self.sock = T.connect_client(
+        self.sock = transport.connect_client(
             self.ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None
         )
         if self.rank == 0:
@@ -140,9 +139,9 @@ class Learner:
             self.par, self.cfg, self.tokenizer.pad_token_id, ref_model=self._ref_model
         )
         if self.resume_from is not None:
-            state = C.load_trainer_state(self.resume_from)
+            state = checkpoint.load_trainer_state(self.resume_from)
             self.trainer.load_state_dict(state)
-            C.set_rng_state(state["rng"])
+            checkpoint.set_rng_state(state["rng"])
             self.log.info("resumed from %s at version %d", self.resume_from, self.trainer.version)
 
     # ------------------------------------------------------------------ run
@@ -229,7 +228,7 @@ class Learner:
         tstate = self.trainer.state_dict()
         path = None
         if self.rank == 0:
-            path = C.save(
+            path = checkpoint.save(
                 self.ckpt_root,
                 step + 1,
                 self.model,
@@ -240,7 +239,7 @@ class Learner:
             )
         self.par.barrier()
         if self.rank == 0:
-            T.send(self.sock, P.CheckpointNotice(step, path.name))
+            transport.send(self.sock, protocol.CheckpointNotice(step, path.name))
 
     def _evaluate(self) -> dict:
         t0 = time.monotonic()

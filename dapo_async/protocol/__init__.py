@@ -20,7 +20,7 @@ arrays are concatenated, so batching K groups costs one header and one data fram
 
 from __future__ import annotations
 
-# re-exports: ``from dapo_async import protocol as P`` then ``P.Hello``, ``P.encode`` …
+# re-exports: ``from dapo_async import protocol`` then ``protocol.Hello``, ``protocol.encode`` …
 from dapo_async.protocol.checks import ProtocolError
 from dapo_async.protocol.groups import (
     FINISH_ABORT,

@@ -20,8 +20,7 @@ import time
 
 import zmq
 
-from dapo_async import protocol as P
-from dapo_async import transport as T
+from dapo_async import protocol, transport
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ class RewardModel:
 
 def serve(
     model: RewardModel,
-    server: T.Server,
+    server: transport.Server,
     stop: list[bool],
     max_batch: int = DEFAULT_MAX_BATCH,
     batch_wait_s: float = DEFAULT_BATCH_WAIT_S,
@@ -74,13 +73,13 @@ def serve(
     while not stop[0]:
         if not sock.poll(POLL_MS):
             continue
-        pending: list[tuple[bytes, P.RewardRequest]] = []
+        pending: list[tuple[bytes, protocol.RewardRequest]] = []
         deadline = time.monotonic() + batch_wait_s
         while sum(len(r.texts) for _, r in pending) < max_batch:
             if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                 break
-            ident, msg = T.recv_routed(sock, timeout_s=None)
-            if isinstance(msg, P.RewardRequest):
+            ident, msg = transport.recv_routed(sock, timeout_s=None)
+            if isinstance(msg, protocol.RewardRequest):
                 pending.append((ident, msg))
             else:
                 counters["bad_messages"] += 1
@@ -96,7 +95,7 @@ def serve(
         for ident, req in pending:
             part = scores[off : off + len(req.texts)] if not error else []
             off += len(req.texts)
-            T.send_routed(sock, ident, P.RewardReply(req.request_id, part, error))
+            transport.send_routed(sock, ident, protocol.RewardReply(req.request_id, part, error))
         counters["requests"] += len(pending)
         counters["texts"] += len(texts)
         counters["batches"] += 1
@@ -108,17 +107,17 @@ class RewardClient:
 
     def __init__(self, endpoint: str, keys_dir: str | None = None, timeout_s: float = 60.0):
         self.ctx = zmq.Context()
-        self.sock = T.connect_client(self.ctx, zmq.DEALER, endpoint, keys_dir=keys_dir)
+        self.sock = transport.connect_client(self.ctx, zmq.DEALER, endpoint, keys_dir=keys_dir)
         self.timeout_s = timeout_s
         self._ids = itertools.count()
 
     def score(self, texts: list[str]) -> list[float]:
         rid = next(self._ids)
-        T.send(self.sock, P.RewardRequest(rid, list(texts)))
+        transport.send(self.sock, protocol.RewardRequest(rid, list(texts)))
         deadline = time.monotonic() + self.timeout_s
         while True:
-            reply = T.recv(self.sock, timeout_s=max(0.01, deadline - time.monotonic()))
-            if isinstance(reply, P.RewardReply) and reply.request_id == rid:
+            reply = transport.recv(self.sock, timeout_s=max(0.01, deadline - time.monotonic()))
+            if isinstance(reply, protocol.RewardReply) and reply.request_id == rid:
                 if reply.error:
                     raise RuntimeError(f"reward server error: {reply.error}")
                 if len(reply.scores) != len(texts):
@@ -137,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s reward-server %(message)s")
     model = RewardModel(args.model)
     ctx = zmq.Context()
-    server = T.bind_server(
+    server = transport.bind_server(
         ctx,
         zmq.ROUTER,
         args.host,
