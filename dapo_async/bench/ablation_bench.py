@@ -75,6 +75,63 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     return seeds
 
 
+def make_arms(args) -> dict[str, tuple[str, list[str]]]:
+    """Arm name → (config, extra overrides) for the options given."""
+    arms: dict[str, tuple[str, list[str]]] = {
+        "dapo": (args.config, []),
+        "grpo": (args.baseline, []),
+    }
+    if args.sync:
+        arms["dapo_sync"] = (args.config, ["buffer.max_staleness=0"])
+    if args.components:
+        for name, extra in COMPONENTS.items():
+            arms[f"grpo+{name}"] = (args.baseline, extra)
+    return arms
+
+
+def summarize(results: dict[str, list[dict]], keys: dict[str, str], seeds, num_steps, sync):
+    """The JSON line: per-arm figures averaged over seeds, margins, wins, the async gap."""
+    out: dict = {"seeds": seeds, "steps": num_steps}
+    for name, runs in results.items():
+        key = keys[name]
+        out[f"{key}_heldout_after"] = [r["heldout_after"] for r in runs]
+        for fig in ("heldout_after", "curve_mean", "groups_generated", "train_seconds"):
+            out[f"{key}_{fig}_mean"] = _mean([r[fig] for r in runs])
+    out["heldout_before"] = [r["heldout_before"] for r in results["dapo"]]
+    out["margin"] = out["dapo_heldout_after_mean"] - out["grpo_heldout_after_mean"]
+    out["curve_margin"] = out["dapo_curve_mean_mean"] - out["grpo_curve_mean_mean"]
+    out["dapo_wins"] = sum(
+        d["heldout_after"] > g["heldout_after"] for d, g in zip(results["dapo"], results["grpo"])
+    )
+    if sync:
+        out["async_gap"] = out["dapo_heldout_after_mean"] - out["dapo_sync_heldout_after_mean"]
+    return out
+
+
+def print_table(out: dict, keys: dict[str, str], num_seeds: int, sync: bool) -> None:
+    print(
+        "\narm                        held-out after   curve mean   groups generated",
+        file=sys.stderr,
+    )
+    for name, key in keys.items():
+        print(
+            f"{name:26s} {out[f'{key}_heldout_after_mean']:14.3f} "
+            f"{out[f'{key}_curve_mean_mean']:12.3f} {out[f'{key}_groups_generated_mean']:18.0f}",
+            file=sys.stderr,
+        )
+    print(
+        f"DAPO − GRPO: {out['margin']:+.3f} held-out after training, {out['curve_margin']:+.3f} "
+        f"over the run; DAPO ahead on {out['dapo_wins']} of {num_seeds} seeds",
+        file=sys.stderr,
+    )
+    if sync:
+        print(
+            f"DAPO as configured − DAPO synchronous: {out['async_gap']:+.3f} held-out after "
+            "training",
+            file=sys.stderr,
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     from dapo_async.config import load_config
 
@@ -88,25 +145,16 @@ def main(args: argparse.Namespace) -> int:
     # Fail fast on a bad override or config, before minutes of training.
     num_steps = load_config(args.config, base).learner.num_steps
     load_config(args.baseline, base)
-    arms: dict[str, tuple[str, list[str]]] = {
-        "dapo": (args.config, []),
-        "grpo": (args.baseline, []),
-    }
-    if args.sync:
-        arms["dapo_sync"] = (args.config, ["buffer.max_staleness=0"])
-    if args.components:
-        for name, extra in COMPONENTS.items():
-            arms[f"grpo+{name}"] = (args.baseline, extra)
-    # JSON key prefix per arm ("+" is awkward in keys)
-    keys = {name: name.replace("+", "_plus_") for name in arms}
+    arms = make_arms(args)
+    keys = {name: name.replace("+", "_plus_") for name in arms}  # "+" is awkward in keys
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-ablation-"))
     results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     for seed in seeds:
         for name, (config, extra) in arms.items():
             run_dir = root / f"{name}-seed{seed}"
             run_train(config, [*base, *extra, f"seed={seed}"], run_dir, tag="bench ablation")
-            results[name].append(read_run(run_dir))
-            r = results[name][-1]
+            r = read_run(run_dir)
+            results[name].append(r)
             print(
                 f"[bench ablation] seed {seed} {name}: held-out {r['heldout_before']:.3f} → "
                 f"{r['heldout_after']:.3f} (curve mean {r['curve_mean']:.3f}, "
@@ -114,42 +162,9 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    out: dict = {"seeds": seeds, "steps": num_steps}
-    for name, runs in results.items():
-        key = keys[name]
-        out[f"{key}_heldout_after"] = [r["heldout_after"] for r in runs]
-        for fig in ("heldout_after", "curve_mean", "groups_generated", "train_seconds"):
-            out[f"{key}_{fig}_mean"] = _mean([r[fig] for r in runs])
-    out["heldout_before"] = [r["heldout_before"] for r in results["dapo"]]
-    out["margin"] = out["dapo_heldout_after_mean"] - out["grpo_heldout_after_mean"]
-    out["curve_margin"] = out["dapo_curve_mean_mean"] - out["grpo_curve_mean_mean"]
-    out["dapo_wins"] = sum(
-        d["heldout_after"] > g["heldout_after"] for d, g in zip(results["dapo"], results["grpo"])
-    )
-    if args.sync:
-        out["async_gap"] = out["dapo_heldout_after_mean"] - out["dapo_sync_heldout_after_mean"]
+    out = summarize(results, keys, seeds, num_steps, args.sync)
     out["run_root"] = str(root)
-    print(
-        "\narm                        held-out after   curve mean   groups generated",
-        file=sys.stderr,
-    )
-    for name, key in keys.items():
-        print(
-            f"{name:26s} {out[f'{key}_heldout_after_mean']:14.3f} "
-            f"{out[f'{key}_curve_mean_mean']:12.3f} {out[f'{key}_groups_generated_mean']:18.0f}",
-            file=sys.stderr,
-        )
-    print(
-        f"DAPO − GRPO: {out['margin']:+.3f} held-out after training, {out['curve_margin']:+.3f} "
-        f"over the run; DAPO ahead on {out['dapo_wins']} of {len(seeds)} seeds",
-        file=sys.stderr,
-    )
-    if args.sync:
-        print(
-            f"DAPO as configured − DAPO synchronous: {out['async_gap']:+.3f} held-out after "
-            "training",
-            file=sys.stderr,
-        )
+    print_table(out, keys, len(seeds), args.sync)
     if args.json:
         print(json.dumps(out))
     return 0

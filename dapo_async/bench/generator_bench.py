@@ -82,19 +82,22 @@ class _Deadline:
         return time.monotonic() >= self.t
 
 
-def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
+def bench_prompts(cfg) -> tuple[list[list[int]], list[str]]:
+    """256 training prompts of the config, tokenized, and their ground truths."""
     from dapo_async.data.datasets import PromptEncoder, load_source
+
+    d = cfg.data
+    records = load_source(d.source, "train", 256, d.difficulty, cfg.seed, d.max_difficulty)
+    enc = PromptEncoder(cfg.model.source_dir)
+    return [enc.encode(r.messages) for r in records], [r.ground_truth for r in records]
+
+
+def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
     from dapo_async.generator.loop import GeneratorLoop
     from dapo_async.generator.main import engine_for, make_scorer, sampling_params
 
-    path = cfg.model.source_dir
-    engine = engine_for(cfg, path)
-    enc = PromptEncoder(path)
-    records = load_source(
-        cfg.data.source, "train", 256, cfg.data.difficulty, cfg.seed, cfg.data.max_difficulty
-    )
-    prompts = [enc.encode(r.messages) for r in records]
-    truths = [r.ground_truth for r in records]
+    engine = engine_for(cfg, cfg.model.source_dir)
+    prompts, truths = bench_prompts(cfg)
     params = sampling_params(cfg)
     bsz = cfg.generator.prompts_per_batch
     score, pool = make_scorer(cfg)

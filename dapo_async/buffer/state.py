@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from dapo_async.algo.filters import dynamic_sampling_keep
+from dapo_async.buffer.counters import Counters
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
@@ -55,49 +56,6 @@ class StepBatch:
     group_ids: list[GroupId]
     shards: list[list[int]]  # per rank: indices into group_ids
     global_num_tokens: int
-
-
-@dataclass
-class Counters:
-    produced: int = 0  # groups received (first time)
-    accepted: int = 0
-    qualified: int = 0
-    trained: int = 0
-    leased: int = 0
-    lease_reissued: int = 0
-    dropped: Counter = field(default_factory=Counter)  # reason -> count
-    rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
-
-    def to_dict(self) -> dict:
-        return {
-            "produced": self.produced,
-            "accepted": self.accepted,
-            "qualified": self.qualified,
-            "trained": self.trained,
-            "leased": self.leased,
-            "lease_reissued": self.lease_reissued,
-            "dropped": dict(self.dropped),
-            "rejected": dict(self.rejected),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Counters:
-        c = cls(
-            **{
-                k: d[k]
-                for k in (
-                    "produced",
-                    "accepted",
-                    "qualified",
-                    "trained",
-                    "leased",
-                    "lease_reissued",
-                )
-            }
-        )
-        c.dropped.update(d["dropped"])
-        c.rejected.update(d["rejected"])
-        return c
 
 
 class BufferState:

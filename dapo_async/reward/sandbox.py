@@ -99,14 +99,59 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResult:
-    """Run ``code`` once under the limits; never raises for anything the code does."""
+def _prepare(code: str) -> tuple[str, str]:
+    """A fresh world-readable work dir holding ``solution.py``: (dir, script path)."""
     workdir = tempfile.mkdtemp(prefix="dapo_sandbox_")
     os.chmod(workdir, 0o777)
     path = os.path.join(workdir, "solution.py")
     with open(path, "w") as f:
         f.write(code)
     os.chmod(path, 0o644)
+    return workdir, path
+
+
+def _collect(proc: subprocess.Popen, stdin: str, limits: Limits, t0: float, out, err) -> str:
+    """Feed stdin, read stdout/stderr until both close, the wall limit or the output limit;
+    returns "ok", "timeout" or "output_limit"."""
+    try:
+        proc.stdin.write(stdin.encode())
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    open_streams, tag = 2, "ok"
+    while open_streams:
+        left = limits.wall_s - (time.monotonic() - t0)
+        if left <= 0:
+            tag = "timeout"
+            break
+        for key, _ in sel.select(timeout=min(left, 0.1)):
+            chunk = os.read(key.fileobj.fileno(), 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                continue
+            key.data.extend(chunk)
+            if len(out) + len(err) > limits.output_bytes:
+                tag, open_streams = "output_limit", 0
+                break
+    sel.close()
+    return tag
+
+
+def _classify(tag: str, rc: int, stderr_text: str, elapsed: float, limits: Limits) -> str:
+    if tag != "ok" or rc == 0:
+        return tag
+    if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed >= limits.cpu_s * 0.9:
+        return "cpu_limit"
+    return "memory_limit" if "MemoryError" in stderr_text else "error"
+
+
+def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResult:
+    """Run ``code`` once under the limits; never raises for anything the code does."""
+    workdir, path = _prepare(code)
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": workdir,
@@ -124,34 +169,8 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResu
         preexec_fn=_preexec(limits),
     )
     out, err = bytearray(), bytearray()
-    tag = "ok"
     try:
-        try:
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
-        open_streams = 2
-        while open_streams:
-            left = limits.wall_s - (time.monotonic() - t0)
-            if left <= 0:
-                tag = "timeout"
-                break
-            for key, _ in sel.select(timeout=min(left, 0.1)):
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    open_streams -= 1
-                    continue
-                key.data.extend(chunk)
-                if len(out) + len(err) > limits.output_bytes:
-                    tag = "output_limit"
-                    open_streams = 0
-                    break
-        sel.close()
+        tag = _collect(proc, stdin, limits, t0, out, err)
         if tag != "ok":
             _kill_group(proc)
         try:
@@ -166,20 +185,10 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResu
             stream.close()
         shutil.rmtree(workdir, ignore_errors=True)
     stderr_text = err[: limits.output_bytes].decode(errors="replace")
-    if tag == "ok" and rc != 0:
-        if rc in (-signal.SIGXCPU, -signal.SIGKILL) and time.monotonic() - t0 >= limits.cpu_s * 0.9:
-            tag = "cpu_limit"
-        elif "MemoryError" in stderr_text:
-            tag = "memory_limit"
-        else:
-            tag = "error"
-    return RunResult(
-        tag,
-        rc,
-        out[: limits.output_bytes].decode(errors="replace"),
-        stderr_text,
-        time.monotonic() - t0,
-    )
+    elapsed = time.monotonic() - t0
+    tag = _classify(tag, rc, stderr_text, elapsed, limits)
+    stdout_text = out[: limits.output_bytes].decode(errors="replace")
+    return RunResult(tag, rc, stdout_text, stderr_text, elapsed)
 
 
 def extract_code(response: str) -> str:

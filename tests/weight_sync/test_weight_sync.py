@@ -192,7 +192,7 @@ def test_public_bind_needs_explicit_opt_in():
 
 
 def test_streamed_packing_equals_dict_packing_and_checks_completeness():
-    from dapo_async.weight_sync.dist import FlatBuckets
+    from dapo_async.weight_sync.buckets import FlatBuckets
 
     state = _state(3)
     shapes = [(k, v.shape, v.dtype) for k, v in state.items()]

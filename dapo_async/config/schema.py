@@ -1,81 +1,15 @@
-"""The typed configuration tree of a dapo_async run.
-
-Owns: the dataclasses every role reads (``RunConfig`` → model, data, generator, reward, buffer,
-algo, learner, weight_sync, tracking, launch), loading them from YAML files in ``configs/`` with
-dotted command-line overrides (OmegaConf structured configs do the merging and the type
-checking), validation that names the key path and the reason, and writing the resolved config
-into the run directory.
-
-Every field carries its documentation in ``metadata["doc"]``; ``dapo-async config docs`` and
-``docs/configuration.md`` are generated from it. This module must import without torch.
-"""
+"""The config tree: one dataclass per section (model, data, generator, reward, buffer, algo,
+learner, weight_sync, tracking, launch) under ``RunConfig``. Every field documents itself
+(``metadata["doc"]``); every section validates itself in ``check`` with errors that name the key."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
-
-from dapo_async.utils import atomic_write_text
-
-__all__ = [
-    "AlgoConfig",
-    "BufferConfig",
-    "ConfigError",
-    "DataConfig",
-    "GeneratorConfig",
-    "LaunchConfig",
-    "LearnerConfig",
-    "ModelConfig",
-    "RewardConfig",
-    "RunConfig",
-    "TrackingConfig",
-    "WeightSyncConfig",
-    "field_docs",
-    "load_config",
-    "save_resolved",
-    "to_yaml",
-]
-
-RESOLVED_CONFIG_NAME = "config.yaml"
-
-
-class ConfigError(ValueError):
-    """A config value or key is invalid; the message starts with the dotted key path."""
-
-    def __init__(self, key: str, reason: str):
-        super().__init__(f"{key}: {reason}")
-        self.key = key
-        self.reason = reason
-
-
-def F(default: Any, doc: str) -> Any:
-    """A dataclass field with documentation (mutable defaults get a factory)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
-
-
-def S(cls: type, doc: str) -> Any:
-    """A documented sub-section field."""
-    return field(default_factory=cls, metadata={"doc": doc})
-
-
-def _need(ok: bool, key: str, reason: str) -> None:
-    if not ok:
-        raise ConfigError(key, reason)
-
-
-def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
-    _need(value in choices, key, f"must be one of {list(choices)}, got {value!r}")
+from dapo_async.config.fields import F, S, _choice, _need
 
 
 @dataclass
@@ -410,7 +344,11 @@ class LaunchConfig:
 class RunConfig:
     name: str = F("tiny-dapo", "Run name; also the default Aim experiment.")
     seed: int = F(0, "Global seed (model init, sampling, shuffles).")
-    run_dir: str = F("", "Run directory; empty = runs/<name>-<YYYYmmdd-HHMMSS>.")
+    run_dir: str = F(
+        "",
+        "Run directory; empty = runs/<name>-<YYYYmmdd-HHMMSS> for `train` (a role started on "
+        "its own uses runs/<name>).",
+    )
     model: ModelConfig = S(ModelConfig, "The policy model.")
     data: DataConfig = S(DataConfig, "Prompt data.")
     generator: GeneratorConfig = S(GeneratorConfig, "Generators and their inference engine.")
@@ -438,112 +376,3 @@ class RunConfig:
     @property
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir or os.path.join("runs", self.name))
-
-
-def _field_type(cls: type, name: str) -> Any:
-    """The resolved annotation of field ``name`` of dataclass ``cls``."""
-    return typing.get_type_hints(cls)[name]
-
-
-def _section_type(root: type, dotted: str) -> type | None:
-    """The dataclass that holds the last component of ``dotted`` (None if the path is bad)."""
-    cls: Any = root
-    for part in dotted.split(".")[:-1]:
-        names = {f.name for f in dataclasses.fields(cls)}
-        if part not in names or not dataclasses.is_dataclass(_field_type(cls, part)):
-            return None
-        cls = _field_type(cls, part)
-    return cls
-
-
-def _key_error(full_key: str) -> ConfigError:
-    """An unknown-key error with the nearest valid name."""
-    section = _section_type(RunConfig, full_key)
-    leaf = full_key.split(".")[-1]
-    if section is None:
-        return ConfigError(full_key, "unknown key")
-    names = [f.name for f in dataclasses.fields(section)]
-    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.5)
-    hint = f"; did you mean `{close[0]}`?" if close else f"; valid keys: {', '.join(names)}"
-    return ConfigError(full_key, f"unknown key{hint}")
-
-
-def _merge(base: Any, other: Any, what: str) -> Any:
-    try:
-        return OmegaConf.merge(base, other)
-    except ConfigKeyError as e:
-        raise _key_error(str(e.full_key)) from None
-    except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or what)
-        msg = str(e).splitlines()[0]
-        raise ConfigError(key, msg) from None
-
-
-def load_config(
-    path: str | os.PathLike | None = None, overrides: list[str] | None = None
-) -> RunConfig:
-    """Load YAML ``path`` (None = all defaults), apply ``key=value`` overrides and validate."""
-    cfg = OmegaConf.structured(RunConfig)
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("config", f"file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError("config", f"{p} must hold a mapping at the top level")
-        cfg = _merge(cfg, OmegaConf.create(data), str(p))
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(item, "override must look like key.path=value")
-        key, _, _ = item.partition("=")
-        try:
-            dot = OmegaConf.from_dotlist([item])
-        except OmegaConfBaseException as e:
-            raise ConfigError(key, str(e).splitlines()[0]) from None
-        cfg = _merge(cfg, dot, key)
-    try:
-        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    except OmegaConfBaseException as e:
-        raise ConfigError(str(getattr(e, "full_key", "config")), str(e).splitlines()[0]) from None
-    run.check()
-    return run
-
-
-def to_dict(cfg: RunConfig) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def to_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def from_dict(data: dict) -> RunConfig:
-    """Rebuild a validated config from ``to_dict`` output (e.g. sent to another process)."""
-    run: RunConfig = OmegaConf.to_object(_merge(OmegaConf.structured(RunConfig), data, "config"))  # type: ignore[assignment]
-    run.check()
-    return run
-
-
-def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
-    """Write the resolved config into ``run_dir`` atomically; returns its path."""
-    d = Path(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    out = d / RESOLVED_CONFIG_NAME
-    return atomic_write_text(out, to_yaml(cfg))
-
-
-def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted key, doc, default) for every leaf field, in declaration order."""
-    rows: list[tuple[str, str, Any]] = []
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        sub = _field_type(cls, f.name)
-        if dataclasses.is_dataclass(sub):
-            rows.extend(field_docs(sub, key + "."))
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((key, f.metadata.get("doc", ""), default))
-    return rows

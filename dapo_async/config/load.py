@@ -1,0 +1,131 @@
+"""Loading and writing configs: YAML files plus dotted overrides merged by OmegaConf structured
+configs (which also type-check), unknown keys reported with the nearest valid name, the resolved
+config written atomically into the run directory, and the key reference for the docs."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from dapo_async.config.fields import ConfigError
+from dapo_async.config.schema import RunConfig
+from dapo_async.utils import atomic_write_text
+
+RESOLVED_CONFIG_NAME = "config.yaml"
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The resolved annotation of field ``name`` of dataclass ``cls``."""
+    return typing.get_type_hints(cls)[name]
+
+
+def _section_type(root: type, dotted: str) -> type | None:
+    """The dataclass that holds the last component of ``dotted`` (None if the path is bad)."""
+    cls: Any = root
+    for part in dotted.split(".")[:-1]:
+        names = {f.name for f in dataclasses.fields(cls)}
+        if part not in names or not dataclasses.is_dataclass(_field_type(cls, part)):
+            return None
+        cls = _field_type(cls, part)
+    return cls
+
+
+def _key_error(full_key: str) -> ConfigError:
+    """An unknown-key error with the nearest valid name."""
+    section = _section_type(RunConfig, full_key)
+    leaf = full_key.split(".")[-1]
+    if section is None:
+        return ConfigError(full_key, "unknown key")
+    names = [f.name for f in dataclasses.fields(section)]
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.5)
+    hint = f"; did you mean `{close[0]}`?" if close else f"; valid keys: {', '.join(names)}"
+    return ConfigError(full_key, f"unknown key{hint}")
+
+
+def _merge(base: Any, other: Any, what: str) -> Any:
+    try:
+        return OmegaConf.merge(base, other)
+    except ConfigKeyError as e:
+        raise _key_error(str(e.full_key)) from None
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or what)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(key, msg) from None
+
+
+def load_config(
+    path: str | os.PathLike | None = None, overrides: list[str] | None = None
+) -> RunConfig:
+    """Load YAML ``path`` (None = all defaults), apply ``key=value`` overrides and validate."""
+    cfg = OmegaConf.structured(RunConfig)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("config", f"file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"{p} must hold a mapping at the top level")
+        cfg = _merge(cfg, OmegaConf.create(data), str(p))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(item, "override must look like key.path=value")
+        key, _, _ = item.partition("=")
+        try:
+            dot = OmegaConf.from_dotlist([item])
+        except OmegaConfBaseException as e:
+            raise ConfigError(key, str(e).splitlines()[0]) from None
+        cfg = _merge(cfg, dot, key)
+    try:
+        run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(str(getattr(e, "full_key", "config")), str(e).splitlines()[0]) from None
+    run.check()
+    return run
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Rebuild a validated config from ``to_dict`` output (e.g. sent to another process)."""
+    run: RunConfig = OmegaConf.to_object(_merge(OmegaConf.structured(RunConfig), data, "config"))  # type: ignore[assignment]
+    run.check()
+    return run
+
+
+def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
+    """Write the resolved config into ``run_dir`` atomically; returns its path."""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / RESOLVED_CONFIG_NAME
+    return atomic_write_text(out, to_yaml(cfg))
+
+
+def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted key, doc, default) for every leaf field, in declaration order."""
+    rows: list[tuple[str, str, Any]] = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        sub = _field_type(cls, f.name)
+        if dataclasses.is_dataclass(sub):
+            rows.extend(field_docs(sub, key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((key, f.metadata.get("doc", ""), default))
+    return rows
