@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dapo_async.bench.async_bench import run_train
+from dapo_async.bench.common import parse_seeds, run_train
 from dapo_async.tracking import read_metrics
 
 # One DAPO component at a time on top of the naive-GRPO baseline (--components).
@@ -63,16 +63,6 @@ def read_run(run_dir: Path) -> dict[str, float]:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
-
-
-def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip() != ""]
-    except ValueError:
-        raise SystemExit(f"bench: {flag} wants integers like 0,1,2, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise SystemExit(f"bench: {flag} wants distinct integers, got {text!r}")
-    return seeds
 
 
 def make_arms(args) -> dict[str, tuple[str, list[str]]]:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from dapo_async.bench.common import print_result, run_train
 from dapo_async.tracking import read_metrics
 
 
@@ -47,16 +46,6 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
                 "eval/accuracy"
             ]
     return out
-
-
-def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "bench async") -> None:
-    """One `dapo-async train` job in ``run_dir``; raises RuntimeError with its stderr tail."""
-    cmd = [sys.executable, "-m", "dapo_async.cli", "train", config, f"run_dir={run_dir}"]
-    cmd += overrides
-    print(f"[{tag}] {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-    res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"training failed ({run_dir}):\n{res.stderr[-2000:]}")
 
 
 def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict[str, float]:
@@ -96,13 +85,11 @@ def main(args: argparse.Namespace) -> int:
         "async_heldout_after": asyn.get("heldout_after"),
         "run_dirs": [str(root / "sync"), str(root / "async")],
     }
-    print(
+    return print_result(
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={args.staleness}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['async_learner_idle']:.2f}); speedup {out['speedup']:.2f}x",
-        file=sys.stderr,
+        out,
+        args.json,
     )
-    if args.json:
-        print(json.dumps(out))
-    return 0

@@ -16,14 +16,13 @@ engine (``--engine vllm`` for vLLM).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import threading
 import time
 
 import zmq
 
 from dapo_async import protocol, transport
+from dapo_async.bench.common import print_result
 
 # Seconds per measurement: engine batches vary in length (sampling), shorter windows are noisy.
 DEFAULT_SECONDS = 3.0
@@ -157,11 +156,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides + list(args.overrides))
     set_threads(cfg.launch.torch_threads)
     res = run(cfg, cfg.generator.engine, args.seconds or DEFAULT_SECONDS, args.rounds)
-    print(
+    return print_result(
         f"engine {res['engine']}: bare {res['engine_tokens_per_s']:.0f} tok/s, "
         f"loop {res['loop_tokens_per_s']:.0f} tok/s, ratio {res['ratio']:.3f}",
-        file=sys.stderr,
+        res,
+        args.json,
     )
-    if args.json:
-        print(json.dumps(res))
-    return 0

@@ -31,8 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.ablation_bench import parse_seeds
-from dapo_async.bench.async_bench import run_train
+from dapo_async.bench.common import parse_seeds, run_train
 from dapo_async.tiny.build import cpu_model
 from dapo_async.tracking import read_metrics
 

@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.ablation_bench import parse_seeds
-from dapo_async.bench.async_bench import run_train
+from dapo_async.bench.common import parse_seeds, print_result, run_train
 from dapo_async.tiny.build import META_NAME, cpu_model
 
 
@@ -92,12 +91,10 @@ def main(args: argparse.Namespace) -> int:
         "config": args.config,
         "run_root": str(root),
     }
-    print(
+    return print_result(
         f"[bench learn] {len(runs)} runs on {out['cpu_model']}: held-out "
         f"{out['before_mean']:.3f} → {out['after_mean']:.3f} on average; gain min "
         f"{out['gain_min']:+.3f}, mean {out['gain_mean']:+.3f} ({out['minutes']:.1f} min)",
-        file=sys.stderr,
+        out,
+        args.json,
     )
-    if args.json:
-        print(json.dumps(out))
-    return 0

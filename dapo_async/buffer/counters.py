@@ -20,32 +20,16 @@ class Counters:
     rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
 
     def to_dict(self) -> dict:
-        return {
-            "produced": self.produced,
-            "accepted": self.accepted,
-            "qualified": self.qualified,
-            "trained": self.trained,
-            "leased": self.leased,
-            "lease_reissued": self.lease_reissued,
-            "dropped": dict(self.dropped),
-            "rejected": dict(self.rejected),
-        }
+        out: dict = {name: getattr(self, name) for name in COUNT_FIELDS}
+        return out | {"dropped": dict(self.dropped), "rejected": dict(self.rejected)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Counters:
-        c = cls(
-            **{
-                k: d[k]
-                for k in (
-                    "produced",
-                    "accepted",
-                    "qualified",
-                    "trained",
-                    "leased",
-                    "lease_reissued",
-                )
-            }
-        )
+        c = cls(**{name: d[name] for name in COUNT_FIELDS})
         c.dropped.update(d["dropped"])
         c.rejected.update(d["rejected"])
         return c
+
+
+# The plain counts of Counters, in snapshot order.
+COUNT_FIELDS = ("produced", "accepted", "qualified", "trained", "leased", "lease_reissued")

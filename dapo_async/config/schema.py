@@ -136,7 +136,6 @@ class BufferConfig:
     filter_metric: str = F("acc", "Metric of the dynamic-sampling filter: acc | score.")
     min_group_acc: float = F(0.0, "Band-pass: keep groups with accuracy >= this (0 = off).")
     max_group_acc: float = F(1.0, "Band-pass: keep groups with accuracy <= this (1 = off).")
-    max_gen_rounds: int = F(0, "Max generation rounds per step; <= 0 = unlimited (DAPO).")
     max_buffered_groups: int = F(4096, "Memory bound: generators are told to wait beyond this.")
     wal: bool = F(False, "Keep a write-ahead log of accepted, not yet trained groups.")
     lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.")
@@ -153,11 +152,6 @@ class BufferConfig:
             "must be in [min_group_acc, 1]",
         )
         _need(self.max_buffered_groups >= 1, f"{p}.max_buffered_groups", "must be >= 1")
-        _need(
-            self.max_gen_rounds <= 0,
-            f"{p}.max_gen_rounds",
-            "a round limit is not supported yet (use <= 0)",
-        )
         _need(self.lease_timeout_s > 0, f"{p}.lease_timeout_s", "must be > 0")
 
 

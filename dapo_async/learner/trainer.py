@@ -22,6 +22,7 @@ pair and follows the same mini-batch / micro-batch / padding structure with pair
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 
@@ -46,21 +47,17 @@ from dapo_async.protocol import Group
 
 
 def loss_config(cfg: RunConfig) -> PolicyLossConfig:
+    """The loss settings of ``algo`` (same-named keys), with what the objective implies:
+    symmetric clipping for grpo, the KL penalty for ppo_kl only, norm_len 0 = max_tokens."""
     a = cfg.algo
+    same = {f.name: getattr(a, f.name) for f in dataclasses.fields(PolicyLossConfig)}
     return PolicyLossConfig(
-        clip_low=a.clip_low,
-        clip_high=a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,
-        dual_clip=a.dual_clip,
-        is_cap=a.is_cap,
-        is_mask_low=a.is_mask_low,
-        is_mask_high=a.is_mask_high,
-        seq_mask_low=a.seq_mask_low,
-        seq_mask_high=a.seq_mask_high,
-        bypass=a.bypass,
-        loss_agg=a.loss_agg,
-        norm_len=a.norm_len or cfg.generator.max_tokens,
-        kl_coef=a.kl_coef if a.objective == "ppo_kl" else 0.0,
-        kl_estimator=a.kl_estimator,
+        **same
+        | {
+            "clip_high": a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,
+            "norm_len": a.norm_len or cfg.generator.max_tokens,
+            "kl_coef": a.kl_coef if a.objective == "ppo_kl" else 0.0,
+        }
     )
 
 

@@ -353,15 +353,8 @@ def held_out_figures(
 
 def main(args: argparse.Namespace) -> int:
     try:
-        meta = build(
-            args.out,
-            seed=args.seed,
-            task=args.task,
-            force=args.force,
-            sft_steps=args.sft_steps,
-            difficulty=args.difficulty,
-            max_difficulty=args.max_difficulty,
-        )
+        options = ("seed", "task", "force", "sft_steps", "difficulty", "max_difficulty")
+        meta = build(args.out, **{name: getattr(args, name) for name in options})
     except WarmStartError as e:
         print(f"init-tiny: {e}", file=sys.stderr)
         return 1

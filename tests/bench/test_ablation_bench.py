@@ -6,7 +6,8 @@ import json
 import pytest
 from testutil import last_json, run_cli
 
-from dapo_async.bench.ablation_bench import parse_seeds, read_run
+from dapo_async.bench.ablation_bench import read_run
+from dapo_async.bench.common import parse_seeds
 
 FAST = [
     "buffer.groups_per_step=4",

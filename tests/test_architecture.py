@@ -1,0 +1,67 @@
+"""The package's shape, checked from its source: no process role imports another role's
+modules, libraries import no role, and modules and functions stay small enough to read."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dapo_async"
+# One OS process each (dapo_async/<role>/); they meet only through protocol messages and the
+# weight-sync interfaces.
+ROLES = {"buffer", "generator", "learner", "launch"}
+# May import anything: the command line and the commands built on whole roles.
+TOP = {"cli", "bench", "tools"}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+# Argument tables: long by nature, flat, one option per statement.
+ARGUMENT_TABLES = {("cli.py", "_add_bench")}
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text())
+
+
+def _top_package(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imported_packages(tree) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "dapo_async":
+                out |= {a.name for a in node.names}
+            elif node.module.startswith("dapo_async."):
+                out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dapo_async.")}
+    return out
+
+
+def test_roles_and_libraries_do_not_reach_into_roles():
+    bad = []
+    for path, tree in _modules():
+        pkg = _top_package(path)
+        if pkg in TOP:
+            continue
+        for target in _imported_packages(tree) & ROLES:
+            if target != pkg:
+                bad.append(f"{path.relative_to(PACKAGE)} imports dapo_async.{target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_and_functions_stay_small():
+    long_modules, long_functions = [], []
+    for path, tree in _modules():
+        rel = str(path.relative_to(PACKAGE))
+        n = len(path.read_text().splitlines())
+        if n > MAX_MODULE_LINES:
+            long_modules.append(f"{rel}: {n} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES and (rel, node.name) not in ARGUMENT_TABLES:
+                    long_functions.append(f"{rel}:{node.name}: {length} lines")
+    assert not long_modules, long_modules
+    assert not long_functions, long_functions
