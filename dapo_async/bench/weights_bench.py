@@ -53,7 +53,7 @@ def _receiver(endpoint: str, num_bytes: int, rounds: int, backend: str, q) -> No
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     cfg = load_config(None, ["weight_sync.timeout_s=120"])
-    r = DistWeightReceiver(cfg, None, "bench", endpoint=endpoint, backend=backend)
+    r = DistWeightReceiver(cfg.weight_sync, None, "bench", endpoint=endpoint, backend=backend)
     seen = 0
     while seen < rounds:
         if r.poll() is not None:
@@ -88,7 +88,7 @@ def measure(size_mb: int, rounds: int, bucket_mb: int, backend: str) -> dict[str
     state = synthetic_state(size_mb, device)
     num_bytes = sum(t.numel() * t.element_size() for t in state.values())
     cfg = load_config(None, ["weight_sync.timeout_s=120", f"weight_sync.bucket_mb={bucket_mb}"])
-    pub = DistWeightPublisher(cfg, None, host="127.0.0.1", backend=backend)
+    pub = DistWeightPublisher(cfg.weight_sync, None, host="127.0.0.1", backend=backend)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_receiver, args=(pub.endpoint, num_bytes, rounds, backend, q))

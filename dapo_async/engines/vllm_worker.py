@@ -44,12 +44,12 @@ class WorkerExtension:
         self, endpoint: str, receiver_id: str, timeout_s: float, backend: str, digests: bool
     ) -> str:
         """Join the weight-sync group as ``receiver_id`` (one receiver per worker)."""
-        from dapo_async.config import load_config
+        from dapo_async.config import WeightSyncConfig
         from dapo_async.weight_sync.dist import DistWeightReceiver
 
-        cfg = load_config(None, [f"weight_sync.timeout_s={timeout_s}"])
         rid = f"{receiver_id}-w{getattr(self, 'rank', 0)}"
-        self._dapo_receiver = DistWeightReceiver(cfg, None, rid, endpoint=endpoint, backend=backend)
+        ws = WeightSyncConfig(timeout_s=timeout_s)
+        self._dapo_receiver = DistWeightReceiver(ws, None, rid, endpoint=endpoint, backend=backend)
         self._dapo_digests = digests
         return rid
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dapo_async.config import WeightSyncConfig
 from dapo_async.utils import free_port, is_loopback
 from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
@@ -84,25 +85,25 @@ class DistWeightPublisher(WeightPublisher):
 
     def __init__(
         self,
-        cfg,
-        run_dir: Path,
-        host: str | None = None,
+        ws: WeightSyncConfig,
+        run_dir: Path | None,
+        host: str = "127.0.0.1",
         port: int | None = None,
         backend: str = "gloo",
     ):
         from dapo_async.roles import write_endpoint
 
-        self.host = host or cfg.launch.host
-        if not is_loopback(self.host) and not cfg.weight_sync.allow_unauthenticated_network:
+        self.host = host
+        if not is_loopback(self.host) and not ws.allow_unauthenticated_network:
             raise WeightSyncError(
                 f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
                 f"{self.host!r}, and torch.distributed has no authentication. Keep it on a private "
                 "network and set weight_sync.allow_unauthenticated_network=true, or use "
                 "weight_sync.mode=disk on a shared filesystem."
             )
-        self.port = port if port is not None else (cfg.weight_sync.port or free_port(self.host))
-        self.timeout_s = cfg.weight_sync.timeout_s
-        self.bucket_bytes = cfg.weight_sync.bucket_mb << 20
+        self.port = port if port is not None else (ws.port or free_port(self.host))
+        self.timeout_s = ws.timeout_s
+        self.bucket_bytes = ws.bucket_mb << 20
         self.backend = backend
         self.device = _device(backend)
         self.store = dist.TCPStore(
@@ -285,7 +286,7 @@ class DistWeightReceiver(WeightReceiver):
 
     def __init__(
         self,
-        cfg,
+        ws: WeightSyncConfig,
         run_dir: Path | None,
         receiver_id: str,
         endpoint: str | None = None,
@@ -294,14 +295,10 @@ class DistWeightReceiver(WeightReceiver):
     ):
         from dapo_async.roles import read_endpoint
 
-        ep = (
-            endpoint
-            or cfg.weight_sync.endpoint
-            or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
-        )
+        ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
         host, port = ep.rsplit(":", 1)
         self.id = receiver_id
-        self.timeout_s = cfg.weight_sync.timeout_s
+        self.timeout_s = ws.timeout_s
         self.backend = backend
         self.device = _device(backend)
         self.store = dist.TCPStore(

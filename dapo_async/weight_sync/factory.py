@@ -18,7 +18,7 @@ def make_publisher(cfg, run_dir: Path) -> WeightPublisher:
         return DiskWeightPublisher(weights_dir(run_dir))
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
-    return DistWeightPublisher(cfg, run_dir, backend=backend(cfg))
+    return DistWeightPublisher(cfg.weight_sync, run_dir, cfg.launch.host, backend=backend(cfg))
 
 
 def make_receiver(
@@ -31,7 +31,11 @@ def make_receiver(
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     return DistWeightReceiver(
-        cfg, run_dir, receiver_id, backend=backend(cfg), connect_timeout_s=connect_timeout_s
+        cfg.weight_sync,
+        run_dir,
+        receiver_id,
+        backend=backend(cfg),
+        connect_timeout_s=connect_timeout_s,
     )
 
 

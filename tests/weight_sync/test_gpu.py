@@ -13,7 +13,7 @@ def _nccl_receiver(endpoint, out):
 
     torch.cuda.set_device(0)
     r = DistWeightReceiver(
-        load_config(None, ["weight_sync.timeout_s=60"]),
+        load_config(None, ["weight_sync.timeout_s=60"]).weight_sync,
         None,
         "gpu",
         endpoint=endpoint,
@@ -42,7 +42,7 @@ def test_nccl_five_versions_bit_equal():
 
     torch.cuda.set_device(0)
     pub = DistWeightPublisher(
-        load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]),
+        load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]).weight_sync,
         None,
         host="127.0.0.1",
         backend="nccl",

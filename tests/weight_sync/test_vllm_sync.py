@@ -42,7 +42,10 @@ def _plain_receiver(endpoint, out):
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     r = DistWeightReceiver(
-        load_config(None, ["weight_sync.timeout_s=60"]), None, "plain", endpoint=endpoint
+        load_config(None, ["weight_sync.timeout_s=60"]).weight_sync,
+        None,
+        "plain",
+        endpoint=endpoint,
     )
     seen = 0
     deadline = time.time() + 600
@@ -71,7 +74,7 @@ def test_five_versions_reach_a_plain_and_a_vllm_generator(tiny_model, tmp_path, 
         for r in generate("chain", "eval", 4, 3, 0)
     ]
     pub = DistWeightPublisher(
-        load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]),
+        load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]).weight_sync,
         None,
         host="127.0.0.1",
     )

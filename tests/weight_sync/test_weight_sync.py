@@ -30,7 +30,7 @@ def _receiver(endpoint, rid, num_versions, out, timeout_s):
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     cfg = load_config(None, [f"weight_sync.timeout_s={timeout_s}"])
-    r = DistWeightReceiver(cfg, None, rid, endpoint=endpoint)
+    r = DistWeightReceiver(cfg.weight_sync, None, rid, endpoint=endpoint)
     seen = 0
     deadline = time.time() + 120
     while seen < num_versions and time.time() < deadline:
@@ -55,7 +55,7 @@ def _publisher(timeout_s=10):
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
     cfg = load_config(None, [f"weight_sync.timeout_s={timeout_s}", "weight_sync.bucket_mb=1"])
-    return DistWeightPublisher(cfg, None, host="127.0.0.1")
+    return DistWeightPublisher(cfg.weight_sync, None, host="127.0.0.1")
 
 
 def test_two_receivers_get_five_versions_bit_equal():
@@ -141,7 +141,7 @@ def _checked_receiver(endpoint, out):
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     r = DistWeightReceiver(
-        load_config(None, ["weight_sync.timeout_s=10"]), None, "c", endpoint=endpoint
+        load_config(None, ["weight_sync.timeout_s=10"]).weight_sync, None, "c", endpoint=endpoint
     )
     deadline = time.time() + 120
     results = []
@@ -188,7 +188,7 @@ def test_public_bind_needs_explicit_opt_in():
 
     cfg = load_config(None, [])
     with pytest.raises(WeightSyncError, match="allow_unauthenticated_network"):
-        DistWeightPublisher(cfg, None, host="0.0.0.0")
+        DistWeightPublisher(cfg.weight_sync, None, host="0.0.0.0")
 
 
 def test_streamed_packing_equals_dict_packing_and_checks_completeness():
