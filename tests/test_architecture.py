@@ -65,3 +65,38 @@ def test_modules_and_functions_stay_small():
                     long_functions.append(f"{rel}:{node.name}: {length} lines")
     assert not long_modules, long_modules
     assert not long_functions, long_functions
+
+
+def test_every_imported_package_is_declared():
+    """A third-party module the package imports is a dependency in pyproject.toml (runtime, or
+    the cpu/gpu extras for vLLM), so an install from pyproject alone can run it."""
+    import re
+    import sys
+    from importlib.metadata import packages_distributions
+
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower().replace("_", "-")
+        for req in project["dependencies"]
+        + project["optional-dependencies"]["cpu"]
+        + project["optional-dependencies"]["gpu"]
+    }
+    dists = packages_distributions()
+    missing = set()
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top == "dapo_async" or top in sys.stdlib_module_names:
+                    continue
+                owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if not owners & declared and top not in ("math_verify",):  # optional, guarded
+                    missing.add(f"{top} ({path.relative_to(PACKAGE)})")
+    assert not missing, sorted(missing)

@@ -25,6 +25,7 @@ from dapo_async.reward.compose import RewardComposer
 from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 from dapo_async.tracking import Tracker
+from dapo_async.utils import atomic_write_json
 from dapo_async.weight_sync.base import WeightReceiver
 from dapo_async.weight_sync.factory import backend, make_receiver
 
@@ -74,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
         weights.close()
         tracker.close()
         engine.close()
+    # final counters for operators and tests, one file per generator process
+    atomic_write_json(run_dir / "generators" / f"{gen_id}.json", counters)
     log.info("stopped: %s", counters)
     return 0
 
