@@ -14,6 +14,9 @@ learns the arithmetic moves from machine to machine; the state it stops at does 
 of the warm-start answers are the shortcut (the prompt's first number), the policy then works
 the steps right but mostly reports the shortcut: held-out accuracy starts low and RL has a clear
 signal (the sampled answers that report the worked result are rewarded).
+
+torch, transformers and the hf engine are imported inside the functions that use them: the
+launcher imports this module to build the policy on demand and must not load torch otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+from dapo_async.data.tasks import (
+    draw_difficulty,
+    generate,
+    in_eval_split,
+    make_example,
+    steps_correct,
+)
+from dapo_async.engines.base import SamplingParams
+from dapo_async.reward.verifiers import dapo_math, extract_answer
+from dapo_async.tiny.tokenizer import build_tokenizer
 
 META_NAME = "tiny_meta.json"
 BUILD_VERSION = 5
@@ -130,8 +144,6 @@ def lr_factor(step: int, horizon: int) -> float:
 def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int, lo: int, hi: int):
     import torch
 
-    from dapo_async.data.tasks import draw_difficulty, in_eval_split, make_example
-
     seqs, starts = [], []
     for _ in range(batch):
         prompt, truth, solution = make_example(task, rng, draw_difficulty(rng, lo, hi))
@@ -161,10 +173,7 @@ def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int, lo: int, hi
 def greedy_figures(model, tokenizer, task: str, records, max_tokens: int) -> dict[str, float]:
     """Greedy decoding of ``records``: accuracy, steps_ok (every step right) and shortcut_rate
     (the answer reported is the prompt's first number)."""
-    from dapo_async.data.tasks import steps_correct
-    from dapo_async.engines.base import SamplingParams
     from dapo_async.engines.hf import HFEngine
-    from dapo_async.reward.verifiers import dapo_math, extract_answer
 
     was_training = model.training
     engine = HFEngine("", model=model, tokenizer=tokenizer)
@@ -203,8 +212,6 @@ def warm_start(
     CHECK_EVERY steps, at most SFT_MAX_STEPS (then WarmStartError); an int: exactly that many
     steps, no criterion (tests). Returns the stopping figures and the history of checks."""
     import torch
-
-    from dapo_async.data.tasks import generate
 
     rng = random.Random(seed + 17)
     check_records = generate(
@@ -286,7 +293,6 @@ def build(
     import torch
 
     from dapo_async.tiny.model import build_model, tiny_config
-    from dapo_async.tiny.tokenizer import build_tokenizer
 
     out = Path(out_dir)
     max_difficulty = max_difficulty if max_difficulty > difficulty else 0
@@ -344,7 +350,6 @@ def _install(tmp: Path, out: Path, meta: dict) -> None:
 def held_out_figures(
     model, tokenizer, task: str, seed: int, difficulty: int, max_difficulty: int = 0
 ) -> dict[str, float]:
-    from dapo_async.data.tasks import generate
 
     records = generate(task, "eval", EVAL_PROMPTS, difficulty, seed, max_difficulty)
     budget = decode_budget(task, difficulty, max_difficulty)
