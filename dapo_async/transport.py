@@ -245,8 +245,3 @@ def request(
     """Send on a DEALER and wait for one reply."""
     send(sock, msg)
     return recv(sock, timeout_s)
-
-
-def context() -> zmq.Context:
-    """A fresh ZeroMQ context (one per process; not shared across fork)."""
-    return zmq.Context()
