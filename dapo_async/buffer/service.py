@@ -21,6 +21,7 @@ import zmq
 
 from dapo_async import protocol, transport
 from dapo_async.buffer import wal
+from dapo_async.buffer.checks import GroupLimits, model_vocab_size, semantic_error
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import RunConfig
 from dapo_async.data.tasks import PromptRecord
@@ -52,6 +53,7 @@ class BufferService:
         self.prompt_tokens = prompt_tokens
         self.server = server
         self.state = BufferState(cfg.buffer, len(records), cfg.data.shuffle_seed, [])
+        self.limits = GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens)
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}
         self.wal: wal.WriteAheadLog | None = None
@@ -101,7 +103,7 @@ class BufferService:
             group, names = wal.decode_group(blob)
             if not s.component_names and s.counters.accepted == 0:
                 s.component_names = list(names)
-            s.ingest(group)
+            self._ingest(group)
         elif name == "batch":
             try:
                 s.batch(*args)
@@ -166,11 +168,21 @@ class BufferService:
         statuses = []
         for i in range(len(msg.batch)):
             g = msg.batch.group(i)
-            status = s.ingest(g)
+            status = self._ingest(g)
             if status == "stored" or status.startswith("rejected"):
                 self._log("ingest", None, wal.encode_group(g, msg.batch.component_names))
             statuses.append(status)
         return protocol.Ack(msg.batch.group_ids(), statuses)
+
+    def _ingest(self, group: protocol.Group) -> str:
+        """Semantic checks (``buffer/checks.py``), then the state machine's ingest."""
+        index = self.state.leased_prompt_index(group.prompt_id)
+        leased = None if index is None else self.prompt_tokens[index]
+        reason = semantic_error(group, self.limits, leased)
+        if reason:
+            log.warning("group %s rejected: %s", group.group_id, reason)
+            return self.state.reject(group, reason)
+        return self.state.ingest(group)
 
     def _on_batch_request(self, msg: protocol.BatchRequest) -> protocol.Message:
         try:

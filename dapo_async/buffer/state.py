@@ -172,6 +172,27 @@ class BufferState:
         self.counters.qualified += 1
         return "stored"
 
+    def reject(self, group: Group, reason: str) -> str:
+        """Refuse a group on its lease for ``reason`` (the semantic checks): nothing is stored,
+        the prompt is leased again, the id is remembered so a resend is acked as a duplicate."""
+        gid = group.group_id
+        if group.generator_id not in self.generators:
+            self.counters.rejected["unknown_generator"] += 1
+            return "retry:hello"
+        if gid in self.seen:
+            self.counters.rejected["duplicate"] += 1
+            return "duplicate"
+        self._remember(gid)
+        lease = self.leases.pop(group.prompt_id, None)
+        if lease is not None:
+            self.cursor.requeue(lease.prompt_index)
+        self.counters.rejected[reason] += 1
+        return f"rejected:{reason}"
+
+    def leased_prompt_index(self, lease_id: int) -> int | None:
+        lease = self.leases.get(lease_id)
+        return None if lease is None else lease.prompt_index
+
     def _remember(self, gid: GroupId) -> None:
         self.seen[gid] = None
         if len(self.seen) > MAX_REMEMBERED_IDS:

@@ -52,7 +52,7 @@ def fake_generator(endpoint, gen_id, out_path, stop_path, seed):
             continue
         version = grant.version
         groups = []
-        for lease_id in grant.prompt_ids:
+        for lease_id, prompt in zip(grant.prompt_ids, grant.prompts):
             g = 4
             acc = np.array([rng.random() < 0.5 for _ in range(g)], np.float32)
             t = 3 * g
@@ -61,7 +61,7 @@ def fake_generator(endpoint, gen_id, out_path, stop_path, seed):
                     gen_id,
                     seq,
                     lease_id,
-                    np.array([1, 2], np.int32),
+                    np.array(prompt, np.int32),  # the leased prompt (the buffer checks)
                     np.full(g, 3, np.int32),
                     np.arange(t, dtype=np.int32),
                     np.full(t, -0.3, np.float32),

@@ -209,3 +209,59 @@ def test_fuzz_10k_malformed_messages(tmp_path, tokenizer_dir, repo, cli_env):
     final = json.loads((run / "buffer_final.json").read_text())
     assert sum(final["malformed"].values()) >= 10_000 - 2600  # kind 3 may stay valid msgpack
     assert sent_ok == 100
+
+
+def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
+    tmp_path, tokenizer_dir, repo, cli_env
+):
+    """A group that passes every protocol check but holds a token id far outside the model's
+    vocabulary (it would crash the learner's embedding lookup) is refused with a reason on its
+    real lease; the prompt is leased again and a good group on it is stored."""
+    import numpy as np
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in Path(tokenizer_dir).iterdir():
+        (model / f.name).write_bytes(f.read_bytes())
+    (model / "config.json").write_text(json.dumps({"vocab_size": 128}))
+    cfg_path, run = write_config(tmp_path, model)
+    buf = start_buffer(cfg_path, repo, cli_env)
+    try:
+        endpoint = wait_endpoint(run, buf)
+        ctx = zmq.Context()
+        sock = T.connect_client(ctx, zmq.DEALER, endpoint)
+        assert isinstance(T.request(sock, P.Hello("g", 1, "hf"), timeout_s=10), P.Ack)
+        grant = T.request(sock, P.LeaseRequest("g", 1), timeout_s=10)
+        (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
+
+        def make(seq, lease, first_token):
+            tokens = np.arange(8, dtype=np.int32) + 10
+            tokens[0] = first_token
+            return P.Group(
+                "g", seq, lease, np.array(prompt, np.int32), np.array([4, 4], np.int32), tokens,
+                np.full(8, -0.5, np.float32), np.zeros(8, np.int32),
+                np.array([1.0, -1.0], np.float32), np.array([1.0, 0.0], np.float32),
+                np.zeros((2, 2), np.float32), np.zeros(2, np.uint8),
+            )  # fmt: skip
+
+        names = ["correct", "overlong"]
+        ack = T.request(
+            sock, P.ScoredGroups(P.GroupBatch.from_groups([make(0, lease_id, 1_000_000)], names)),
+            timeout_s=10,
+        )  # fmt: skip
+        assert ack.statuses == ["rejected:token_range"]
+        again = T.request(sock, P.LeaseRequest("g", 1), timeout_s=10)
+        assert again.prompts == [prompt]  # the poisoned prompt is handed out again
+        ack = T.request(
+            sock, P.ScoredGroups(P.GroupBatch.from_groups([make(1, again.prompt_ids[0], 10)], names)),
+            timeout_s=10,
+        )  # fmt: skip
+        assert ack.statuses == ["stored"]
+        sock.close(linger=0)
+        ctx.term()
+        assert buf.poll() is None
+    finally:
+        stop_buffer(buf)
+    final = json.loads((run / "buffer_final.json").read_text())
+    assert final["counters"]["rejected"] == {"token_range": 1}
+    assert final["counters"]["produced"] == 1 and final["stored"] == 1

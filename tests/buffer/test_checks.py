@@ -1,0 +1,51 @@
+"""Semantic checks at ingest: a group that decodes fine but would crash or mislead the learner is
+rejected with a reason, its prompt leased again, nothing stored."""
+
+import json
+
+import numpy as np
+from helpers import group
+
+from dapo_async.buffer.checks import GroupLimits, model_vocab_size, semantic_error
+from dapo_async.buffer.state import BufferState
+from dapo_async.config import BufferConfig
+
+LIMITS = GroupLimits(vocab_size=128, max_response_tokens=8)
+
+
+def test_each_reason():
+    ok = group("g", 0, 0)  # prompt [1, 2], responses of 3 tokens, ids < 50
+    assert semantic_error(ok, LIMITS, [1, 2]) == ""
+    assert semantic_error(ok, LIMITS, None) == ""  # no lease to compare (unknown lease later)
+    poison = group("g", 1, 0)
+    poison.tokens[0] = 1_000_000
+    assert semantic_error(poison, LIMITS, [1, 2]) == "token_range"
+    negative = group("g", 2, 0)
+    negative.prompt_tokens[0] = -1
+    assert semantic_error(negative, LIMITS, [1, 2]) == "token_range"
+    long = group("g", 3, 0, tokens_per_response=9)
+    assert semantic_error(long, LIMITS, [1, 2]) == "response_too_long"
+    assert semantic_error(ok, LIMITS, [1, 2, 3]) == "prompt_mismatch"
+    assert semantic_error(ok, LIMITS, [2, 1]) == "prompt_mismatch"
+    # an unknown vocabulary size is not checked
+    assert semantic_error(poison, GroupLimits(0, 8), [1, 2]) == ""
+
+
+def test_rejected_group_frees_its_prompt_and_is_never_stored():
+    s = BufferState(BufferConfig(groups_per_step=2), num_prompts=10, seed=0)
+    s.hello("g")
+    (lease,) = s.grant("g", 1)
+    poison = group("g", 0, lease.lease_id)
+    assert s.reject(poison, "token_range") == "rejected:token_range"
+    assert not s.groups and not s.leases
+    assert s.counters.rejected["token_range"] == 1 and s.counters.produced == 0
+    assert s.reject(poison, "token_range") == "duplicate"  # a resend is acked, not recounted
+    (again,) = s.grant("g", 1)
+    assert again.prompt_index == lease.prompt_index  # the prompt is generated again
+
+
+def test_vocab_size_comes_from_the_model_config(tmp_path):
+    assert model_vocab_size(tmp_path) == 0
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
+    assert model_vocab_size(tmp_path) == 128
+    assert np.int32(127) < model_vocab_size(tmp_path)
