@@ -1,6 +1,7 @@
 """Learner checkpoints: an HF model directory (safetensors + tokenizer, loadable by transformers
 and vLLM as is) plus ``trainer.pt`` (optimizer, scheduler, policy version, RNG states) and
-``meta.json`` (step, version, the buffer checkpoint id).
+``meta.json`` (step, version, the buffer checkpoint id). ``trainer.pt`` holds only tensors and
+plain values and is loaded with ``weights_only=True``: a checkpoint cannot carry code.
 
 Written into ``step-XXXXXXXX.tmp`` and renamed when complete, so a crash mid-write leaves no
 half checkpoint; ``latest`` returns the newest complete one; the newest ``keep`` are kept.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -28,16 +30,19 @@ TOKENIZER_FILES = (
 
 
 def rng_state() -> dict:
+    """Every RNG's state as tensors and plain values (loadable with ``weights_only=True``)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
 
 
@@ -94,5 +99,19 @@ def latest(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint cannot be loaded safely; the message names the file."""
+
+
 def load_trainer_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / TRAINER_STATE, weights_only=False)
+    """``trainer.pt`` with ``weights_only=True``: tensors and plain values only, so a tampered
+    checkpoint cannot run code when a run resumes."""
+    path = Path(ckpt) / TRAINER_STATE
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0][:200]
+        raise CheckpointError(
+            f"{path}: holds objects other than tensors and plain values; refusing to unpickle "
+            f"it ({first})"
+        ) from None

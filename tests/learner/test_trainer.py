@@ -114,3 +114,32 @@ def test_overlong_filtered_responses_count_in_no_denominator(tiny_model):
         base = _first_gradient(tiny_model, cfg, groups)
         more = _first_gradient(tiny_model, cfg, [*groups, truncated])
         assert max_rel_err(more, base) <= 1e-5, agg
+
+
+class _RunsCode:
+    """What a tampered trainer.pt could carry: unpickling it would call os.system."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch /tmp/dapo-pwned-by-checkpoint",))
+
+
+def test_tampered_trainer_state_is_refused_not_run(tmp_path):
+    from pathlib import Path
+
+    import pytest
+
+    marker = Path("/tmp/dapo-pwned-by-checkpoint")
+    marker.unlink(missing_ok=True)
+    torch.save({"version": 1, "evil": _RunsCode()}, tmp_path / C.TRAINER_STATE)
+    with pytest.raises(C.CheckpointError, match="refusing to unpickle"):
+        C.load_trainer_state(tmp_path)
+    assert not marker.exists()
+    # the real thing round-trips, RNG states included
+    torch.save({"version": 2, "rng": C.rng_state()}, tmp_path / C.TRAINER_STATE)
+    state = C.load_trainer_state(tmp_path)
+    C.set_rng_state(state["rng"])
+    a = np.random.rand(3)
+    C.set_rng_state(state["rng"])
+    assert np.array_equal(a, np.random.rand(3)) and state["version"] == 2
