@@ -276,10 +276,22 @@ class Supervisor:
             print(line, file=sys.stderr, flush=True)
 
 
+def check_resume(cfg) -> None:
+    """``--resume`` continues an existing run: it needs run_dir and a checkpoint in it."""
+    if not cfg.run_dir:
+        raise ValueError("--resume needs run_dir=<the run directory to resume>")
+    ckpts = Path(cfg.run_dir) / "checkpoints"
+    if not any(p.is_dir() and not p.name.endswith(".tmp") for p in ckpts.glob("step-*")):
+        raise ValueError(f"--resume: no checkpoint in {ckpts} (nothing to resume)")
+
+
 def main(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)  # a ConfigError is reported by the CLI
     try:
-        cfg, run_dir, cfg_path = prepare_run(load_config(args.config, args.overrides))
-    except WarmStartError as e:
+        if args.resume:
+            check_resume(cfg)
+        cfg, run_dir, cfg_path = prepare_run(cfg)
+    except (WarmStartError, ValueError) as e:
         print(f"[train] error: {e}", file=sys.stderr)
         return 1
     buffer, learner, gens = make_roles(cfg, cfg_path, run_dir, args.resume)

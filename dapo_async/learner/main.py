@@ -35,6 +35,7 @@ def main(args: argparse.Namespace) -> int:
         learner.build()
         learner.evaluate_before()
         learner.make_trainer()
+        learner.publish_resumed()
         learner.run()
     finally:
         learner.close()

@@ -144,6 +144,13 @@ class Learner:
             checkpoint.set_rng_state(state["rng"])
             self.log.info("resumed from %s at version %d", self.resume_from, self.trainer.version)
 
+    def publish_resumed(self) -> None:
+        """After a resume, send the checkpoint's weights before the first step: generators
+        start from the initial weights, and the buffer asks for recent versions."""
+        if self.resume_from is not None:
+            self.publish(need_full=False)
+            self.log.info("published the resumed weights (v%d)", self.trainer.version)
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> None:

@@ -468,3 +468,59 @@ def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env):
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 4
     assert max_generator_version(tmp_path / "run") >= 2
+
+
+def test_resume_needs_a_run_with_a_checkpoint(tmp_path, repo, cli_env):
+    for extra in ([], [f"run_dir={tmp_path / 'nothing'}"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "dapo_async.cli", "train", "configs/tiny_cpu.yaml", *extra,
+             "--resume"],
+            capture_output=True, text=True, cwd=repo, env=cli_env, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 1
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--resume" in lines[0], out.stderr
+    assert not (tmp_path / "nothing").exists()
+
+
+@pytest.mark.slow
+def test_whole_run_killed_after_a_checkpoint_resumes_and_finishes(
+    tiny_model, tmp_path, repo, cli_env
+):
+    """SIGKILL of the launcher (its roles follow) after the step-2 checkpoint; `--resume` picks
+    up from the checkpoint, publishes the resumed weights before its first step (generators
+    start from the initial weights and the buffer asks for recent ones) and trains every step
+    left, none twice."""
+    run = tmp_path / "run"
+    extra = ["learner.num_steps=6", "learner.checkpoint_every=2", "buffer.wal=true"]
+    proc = subprocess.Popen(
+        train_cmd(tiny_model, run, *extra), cwd=repo, env=cli_env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "checkpoints" / "step-00000002").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.2)
+        pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while descendants_alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not descendants_alive(pids)
+    finally:
+        stop_launcher(proc)
+    out = subprocess.run(
+        [*train_cmd(tiny_model, run, *extra), "--resume", "--json"],
+        capture_output=True, text=True, cwd=repo, env=cli_env, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 6
+    log = (run / "logs" / "learner.log").read_text()
+    assert "published the resumed weights" in log
+    trained = [json.loads(line) for line in (run / "audit" / "trained-rank0.jsonl").open()]
+    last = {t["step"]: t for t in trained}  # steps after the checkpoint are trained again
+    assert sorted(last) == list(range(6))
+    ids = [g for t in last.values() for g in t["groups"]]
+    assert len(ids) == len(set(ids)), "a group was trained twice"
