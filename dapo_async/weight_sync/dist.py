@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from dapo_async.config import WeightSyncConfig
-from dapo_async.utils import free_port, is_loopback
+from dapo_async.utils import is_loopback
 from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
 
@@ -62,6 +63,20 @@ def default_backend() -> str:
     """NCCL where this process has a GPU, gloo otherwise (both ends must agree: a mixed
     CPU/GPU deployment sets ``weight_sync.backend`` explicitly, or uses ``mode=disk``)."""
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+# Pending connections the store's listening socket queues (generators join in bursts).
+LISTEN_BACKLOG = 128
+
+
+def listen_socket(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``host`` only (port 0: a free one), for the TCPStore."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
+    return sock
 
 
 def nccl_options(timeout_s: float):
@@ -101,7 +116,10 @@ class DistWeightPublisher(WeightPublisher):
                 "network and set weight_sync.allow_unauthenticated_network=true, or use "
                 "weight_sync.mode=disk on a shared filesystem."
             )
-        self.port = port if port is not None else (ws.port or free_port(self.host))
+        # torch's TCPStore binds every interface whatever host it is given: listen ourselves,
+        # on the configured host only, and hand the socket to the store
+        self._listener = listen_socket(self.host, port if port is not None else ws.port)
+        self.port = self._listener.getsockname()[1]
         self.timeout_s = ws.timeout_s
         self.bucket_bytes = ws.bucket_mb << 20
         self.backend = backend
@@ -112,6 +130,7 @@ class DistWeightPublisher(WeightPublisher):
             is_master=True,
             wait_for_workers=False,
             timeout=timedelta(seconds=STORE_TIMEOUT_S),
+            master_listen_fd=self._listener.fileno(),
         )
         self.store.set("joins", "0")
         self.endpoint = f"{self.host}:{self.port}"
@@ -176,6 +195,7 @@ class DistWeightPublisher(WeightPublisher):
                 self.pg.shutdown()
             except Exception:
                 pass
+        self._listener.close()
 
     # ------------------------------------------------------------------ sender thread
 

@@ -204,3 +204,27 @@ def test_streamed_packing_equals_dict_packing_and_checks_completeness():
         b.pack_items(iter(list(state.items())[:2]))
     with pytest.raises(WeightSyncError, match="unknown tensor"):
         b.pack_items(iter([("nope", torch.zeros(1))]))
+
+
+def test_weight_sync_store_listens_on_loopback_only():
+    """torch's TCPStore binds every interface whatever host it is given; the publisher listens
+    itself, on the configured host only (a listener audit of this process)."""
+    import psutil
+
+    from dapo_async.utils import is_loopback
+
+    def listeners():
+        return {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+
+    before = listeners()
+    pub = _publisher(10)
+    try:
+        new = listeners() - before
+        assert any(port == pub.port for _, port in new), new
+        assert all(is_loopback(ip) for ip, _ in new), new
+    finally:
+        pub.close()
