@@ -202,8 +202,13 @@ class BufferService:
             msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch
         )
 
-    def _on_checkpoint(self, msg: protocol.CheckpointNotice) -> protocol.Message:
-        self.state.mark_checkpoint(msg.step)
+    def _on_checkpoint(self, msg: protocol.CheckpointNotice) -> protocol.Message | None:
+        try:
+            self.state.mark_checkpoint(msg.step)
+        except ValueError as e:
+            log.warning("bad checkpoint notice: %s", e)
+            self.malformed["bad_checkpoint"] = self.malformed.get("bad_checkpoint", 0) + 1
+            return None
         self._log("checkpoint", msg.step)
         self.compact()
         return protocol.Ack([], [])

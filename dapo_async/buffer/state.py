@@ -290,7 +290,13 @@ class BufferState:
         return sb
 
     def mark_checkpoint(self, step: int) -> None:
-        """The learner checkpointed after finishing ``step``: groups of steps <= step are freed."""
+        """The learner checkpointed after finishing ``step``: groups of steps <= step are freed.
+        A step no learner rank has asked for yet cannot have been checkpointed (ValueError): a
+        forged notice far ahead would otherwise refuse every later batch request."""
+        if step > self.version:
+            raise ValueError(
+                f"checkpoint of step {step} beyond the learner's version {self.version}"
+            )
         self._count_trained(step + 1)
         self.version = max(self.version, step + 1)
         self.checkpointed_step = max(self.checkpointed_step, step)

@@ -17,6 +17,11 @@ NON_NEGATIVE_FIELDS = ("num_prompts", "step", "rank", "version", "world_size", "
                        "wait_s")  # fmt: skip
 
 
+# Identifier fields (generator ids, hosts, engine names, checkpoint ids) and their bound.
+NAME_FIELDS = ("generator_id", "sender", "host", "engine", "checkpoint_id")
+MAX_NAME_CHARS = 256
+
+
 @dataclass
 class Message:
     """Base of all messages. Subclasses set KIND; fields typed with plain Python types are
@@ -27,11 +32,16 @@ class Message:
 
     def validate(self) -> None:
         """What field types alone cannot say; raises ProtocolError. The base checks the
-        counts, indices and waits every kind may carry (none may be negative)."""
+        counts, indices and waits every kind may carry (none may be negative) and the length
+        of the names it may carry (ids are kept in memory: a 1 MB id is an attack)."""
         for name in NON_NEGATIVE_FIELDS:
             value = getattr(self, name, None)
             if value is not None and value < 0:
                 raise ProtocolError("bad_value", f"{self.KIND}.{name} must be >= 0")
+        for name in NAME_FIELDS:
+            value = getattr(self, name, None)
+            if isinstance(value, str) and len(value) > MAX_NAME_CHARS:
+                raise ProtocolError("too_large", f"{self.KIND}.{name} over {MAX_NAME_CHARS} chars")
 
 
 @dataclass

@@ -182,3 +182,17 @@ def test_sampled_accuracy_counts_every_group_before_the_filter():
     assert s.stats()["rollout/sampled_accuracy"] == pytest.approx(0.25)
     s.ingest(group("g", 2, c.lease_id, acc=[1.0, 1.0]))  # the oldest group leaves the window
     assert s.stats()["rollout/sampled_accuracy"] == pytest.approx(0.75)
+
+
+def test_a_checkpoint_beyond_the_learner_is_refused():
+    """A forged CheckpointNotice(step=10**9) used to make every later batch request an error
+    (the run wedged); a checkpoint of a step no rank asked for is refused and changes nothing."""
+    s = state(groups_per_step=2, max_staleness=1)
+    for i, ls in enumerate(s.grant("g", 2)):
+        s.ingest(group("g", i, ls.lease_id))
+    assert s.batch(0, 0, 1) is not None
+    with pytest.raises(ValueError, match="beyond the learner's version"):
+        s.mark_checkpoint(10**9)
+    assert s.checkpointed_step == -1 and s.version == 0
+    s.mark_checkpoint(0)  # the real one
+    assert s.checkpointed_step == 0

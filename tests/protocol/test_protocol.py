@@ -309,3 +309,12 @@ def test_groups_without_reward_components_round_trip():
     g.components = np.zeros((g.num_responses, 0), np.float32)
     msg = P.ScoredGroups(batch=P.GroupBatch.from_groups([g, g], []))
     assert_same(P.decode(wire(msg)), msg)
+
+
+def test_oversized_names_are_refused():
+    """Ids are kept in memory by the buffer: a Hello carrying a 1 MB id is a protocol error."""
+
+    big = P.encode(P.Hello("g" * 1_000_000, 1, "hf"))
+    with pytest.raises(P.ProtocolError, match="too_large"):
+        P.decode(big)
+    assert P.decode(P.encode(P.Hello("g" * 256, 1, "hf"))).generator_id == "g" * 256
