@@ -294,10 +294,11 @@ def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dapo_async.config import ConfigError
+    from dapo_async.transport import SecurityError
 
     try:
         return int(args.func(args) or 0)
-    except (CliError, ConfigError) as e:
+    except (CliError, ConfigError, SecurityError) as e:
         print(f"dapo-async {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

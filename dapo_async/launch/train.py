@@ -276,6 +276,18 @@ class Supervisor:
             print(line, file=sys.stderr, flush=True)
 
 
+def check_paths(cfg) -> None:
+    """Files and directories the roles will open exist (caught here, not 20 s later in a role)."""
+    if cfg.model.path and not Path(cfg.model.path).is_dir():
+        raise ValueError(f"model.path: no such model directory: {cfg.model.path!r}")
+    if cfg.model.reference_path and not Path(cfg.model.reference_path).is_dir():
+        raise ValueError(f"model.reference_path: no such directory: {cfg.model.reference_path!r}")
+    for key in ("source", "eval_source"):
+        value = getattr(cfg.data, key)
+        if value and parse_source(value) is None and not Path(value).is_file():
+            raise ValueError(f"data.{key}: no such data file: {value!r}")
+
+
 def check_resume(cfg) -> None:
     """``--resume`` continues an existing run: it needs run_dir and a checkpoint in it."""
     if not cfg.run_dir:
@@ -288,6 +300,7 @@ def check_resume(cfg) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # a ConfigError is reported by the CLI
     try:
+        check_paths(cfg)
         if args.resume:
             check_resume(cfg)
         cfg, run_dir, cfg_path = prepare_run(cfg)

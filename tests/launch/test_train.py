@@ -524,3 +524,19 @@ def test_whole_run_killed_after_a_checkpoint_resumes_and_finishes(
     assert sorted(last) == list(range(6))
     ids = [g for t in last.values() for g in t["groups"]]
     assert len(ids) == len(set(ids)), "a group was trained twice"
+
+
+def test_missing_paths_fail_before_any_role_starts(tmp_path, repo, cli_env):
+    for bad in ("model.path=/no/such/model", "data.source=/no/such/data.parquet"):
+        out = subprocess.run(
+            [sys.executable, "-m", "dapo_async.cli", "train", "configs/tiny_cpu.yaml", bad,
+             f"run_dir={tmp_path / 'run'}"],
+            capture_output=True, text=True, cwd=repo, env=cli_env, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 1
+        assert out.stderr.strip().splitlines() == [
+            f"[train] error: {bad.split('=')[0]}: no such "
+            + ("model directory" if "model" in bad else "data file")
+            + f": {bad.split('=')[1]!r}"
+        ]
+    assert not (tmp_path / "run").exists()
