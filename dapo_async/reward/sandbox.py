@@ -5,7 +5,9 @@ these limits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), file size (RL
 processes (RLIMIT_NPROC; as root the child first drops to user ``nobody`` so the limit holds),
 stdout/stderr bytes (read through a pipe; the run is killed past the limit) and wall-clock time.
 The child leads its own process group, which is killed as a whole when the run ends, so forked
-children do not outlive it. A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
+children do not outlive it, and runs in a new, empty network namespace (no route anywhere, not
+even to this machine's loopback listeners; ``Limits.isolate_network``). Writes outside the temp
+directory are limited only by the user's rights (``nobody`` as root). A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
 ``memory_limit``, ``output_limit``, ``error``) and scores as wrong.
 
 Ground truth format: JSON ``{"tests": [{"input": "...", "output": "..."}, ...]}``; the code is the
@@ -28,6 +30,8 @@ import time
 from dataclasses import dataclass
 
 NOBODY_UID = 65534
+# Exit status of a child that could not enter its network namespace (tagged "sandbox_error").
+NO_NAMESPACE_EXIT = 111
 _CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
@@ -39,6 +43,7 @@ class Limits:
     output_bytes: int = 1 << 20  # stdout + stderr kept; more kills the run
     file_bytes: int = 1 << 20  # largest file the code may write
     num_procs: int = 16  # processes of the sandbox user (fork bombs)
+    isolate_network: bool = True  # run in an empty network namespace (no loopback listeners)
 
 
 @dataclass
@@ -50,9 +55,38 @@ class RunResult:
     seconds: float
 
 
+# unshare(2) flags (linux/sched.h): a new network namespace has only a loopback device, down,
+# so the code reaches no listener of this machine (the run's own buffer included) and no network.
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+
+
+def _load_libc():
+    # loaded in the parent: after fork only async-signal-safe work belongs in the child
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _isolate_network() -> None:
+    """Enter a new, empty network namespace (as root directly; otherwise inside a new user
+    namespace). Fails closed: the child exits rather than run code with the host's network."""
+    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
+    if _LIBC is None or _LIBC.unshare(flags) != 0:
+        os._exit(NO_NAMESPACE_EXIT)
+
+
 def _preexec(limits: Limits):
     def setup() -> None:
         os.setsid()
+        if limits.isolate_network:
+            _isolate_network()
         if os.geteuid() == 0:  # root ignores RLIMIT_NPROC: run as nobody instead
             os.setgroups([])
             os.setgid(NOBODY_UID)
@@ -144,6 +178,8 @@ def _collect(proc: subprocess.Popen, stdin: str, limits: Limits, t0: float, out,
 def _classify(tag: str, rc: int, stderr_text: str, elapsed: float, limits: Limits) -> str:
     if tag != "ok" or rc == 0:
         return tag
+    if rc == NO_NAMESPACE_EXIT and limits.isolate_network and not stderr_text:
+        return "sandbox_error"
     if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed >= limits.cpu_s * 0.9:
         return "cpu_limit"
     return "memory_limit" if "MemoryError" in stderr_text else "error"

@@ -54,3 +54,30 @@ def test_memory_hog_is_stopped():
     res = run_python("x = bytearray(2 * 1024 * 1024 * 1024)\n", limits=FAST)
     assert res.tag == "memory_limit"
     assert run_python("print(1 + 1)", limits=FAST).stdout.strip() == "2"
+
+
+def test_code_reaches_no_loopback_listener():
+    """Candidate code runs in an empty network namespace: a listener on this machine's loopback
+    (where the run's own buffer listens) is unreachable; with isolation off it is reachable,
+    so the test can tell the difference."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    code = (
+        "import socket\n"
+        "s = socket.socket()\n"
+        "try:\n"
+        f"    s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
+        "except OSError as e:\n"
+        "    print('BLOCKED', e.errno)\n"
+    )
+    try:
+        isolated = run_python(code)
+        assert isolated.tag == "ok" and isolated.stdout.startswith("BLOCKED"), isolated
+        open_net = run_python(code, limits=Limits(isolate_network=False))
+        assert open_net.stdout.strip() == "CONNECTED", open_net
+    finally:
+        srv.close()
