@@ -12,8 +12,10 @@ from pathlib import Path
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to a hidden temporary file beside ``path`` and rename it over ``path``:
-    a reader sees the old file or the new one, never half of one (crash-safe on POSIX)."""
+    a reader sees the old file or the new one, never half of one (crash-safe on POSIX). Missing
+    parent directories are created."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -26,6 +26,8 @@ from dapo_async.data.tasks import PromptRecord
 
 RESPONSES = 8
 PROMPT_LEN = 64
+# Token ids drawn below this: inside any real vocabulary (the buffer checks ids at ingest).
+TOKEN_IDS = 100
 
 
 def _groups(
@@ -41,9 +43,9 @@ def _groups(
                 gen,
                 start + i,
                 leases[i],
-                rng.integers(0, 1000, PROMPT_LEN, dtype=np.int32),
+                np.full(PROMPT_LEN, 1, np.int32),  # the leased prompt (checked at ingest)
                 np.full(RESPONSES, response_len, np.int32),
-                rng.integers(0, 1000, t, dtype=np.int32),
+                rng.integers(0, TOKEN_IDS, t, dtype=np.int32),
                 -rng.random(t, dtype=np.float32),
                 np.zeros(t, np.int32),
                 acc * 2 - 1,
@@ -62,10 +64,11 @@ def run(
     cfg.buffer.groups_per_step = groups_per_step
     cfg.buffer.max_staleness = 10**6  # the bench measures throughput, not admission
     cfg.buffer.max_buffered_groups = 10 * num_groups
+    cfg.generator.max_tokens = response_len  # responses of response_len pass the ingest checks
     records = [
         PromptRecord(i, [{"role": "user", "content": str(i)}], "0", "bench") for i in range(1000)
     ]
-    svc = BufferService(cfg, records, [[1, 2, 3]] * len(records), server=None)
+    svc = BufferService(cfg, records, [[1] * PROMPT_LEN] * len(records), server=None)
     svc.handle(protocol.Hello("bench", 1, "hf"))
     rng = np.random.default_rng(0)
     proc = psutil.Process()
