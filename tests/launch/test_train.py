@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 import torch
-from testutil import max_generator_version
+from testutil import last_json, max_generator_version, run_cli
 
 FAST = [
     "learner.num_steps=4",
@@ -157,22 +157,10 @@ def test_time_budget_ends_the_run_early_with_its_final_evaluation(
 ):
     """learner.time_budget_s stops training after the step that crosses it (bench ladder's
     equal wall-clock comparisons); the final evaluation, checkpoint and summary still follow."""
-    out = subprocess.run(
-        train_cmd(
-            tiny_model,
-            tmp_path / "run",
-            "learner.num_steps=1000",
-            "learner.time_budget_s=2",
-            "--json",
-        ),
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=cli_env,
-        timeout=300,
-    )
+    budget = ("learner.num_steps=1000", "learner.time_budget_s=2", "--json")
+    out = run_cli(repo, cli_env, *train_cmd(tiny_model, tmp_path / "run", *budget)[3:], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = last_json(out)
     assert 1 <= summary["steps"] < 1000
     assert summary["heldout_accuracy_after"] is not None
     step = summary["steps"]
@@ -472,11 +460,7 @@ def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env):
 
 def test_resume_needs_a_run_with_a_checkpoint(tmp_path, repo, cli_env):
     for extra in ([], [f"run_dir={tmp_path / 'nothing'}"]):
-        out = subprocess.run(
-            [sys.executable, "-m", "dapo_async.cli", "train", "configs/tiny_cpu.yaml", *extra,
-             "--resume"],
-            capture_output=True, text=True, cwd=repo, env=cli_env, timeout=120,
-        )  # fmt: skip
+        out = run_cli(repo, cli_env, "train", "configs/tiny_cpu.yaml", *extra, "--resume")
         assert out.returncode == 1
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "--resume" in lines[0], out.stderr
@@ -511,12 +495,10 @@ def test_whole_run_killed_after_a_checkpoint_resumes_and_finishes(
         assert not descendants_alive(pids)
     finally:
         stop_launcher(proc)
-    out = subprocess.run(
-        [*train_cmd(tiny_model, run, *extra), "--resume", "--json"],
-        capture_output=True, text=True, cwd=repo, env=cli_env, timeout=600,
-    )  # fmt: skip
+    resume = (*train_cmd(tiny_model, run, *extra)[3:], "--resume", "--json")
+    out = run_cli(repo, cli_env, *resume, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 6
+    assert last_json(out)["steps"] == 6
     log = (run / "logs" / "learner.log").read_text()
     assert "published the resumed weights" in log
     trained = [json.loads(line) for line in (run / "audit" / "trained-rank0.jsonl").open()]
@@ -528,11 +510,9 @@ def test_whole_run_killed_after_a_checkpoint_resumes_and_finishes(
 
 def test_missing_paths_fail_before_any_role_starts(tmp_path, repo, cli_env):
     for bad in ("model.path=/no/such/model", "data.source=/no/such/data.parquet"):
-        out = subprocess.run(
-            [sys.executable, "-m", "dapo_async.cli", "train", "configs/tiny_cpu.yaml", bad,
-             f"run_dir={tmp_path / 'run'}"],
-            capture_output=True, text=True, cwd=repo, env=cli_env, timeout=120,
-        )  # fmt: skip
+        out = run_cli(
+            repo, cli_env, "train", "configs/tiny_cpu.yaml", bad, f"run_dir={tmp_path}/run"
+        )
         assert out.returncode == 1
         assert out.stderr.strip().splitlines() == [
             f"[train] error: {bad.split('=')[0]}: no such "

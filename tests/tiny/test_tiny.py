@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from testutil import last_json, run_cli
 
 
 def test_init_tiny_cli_reuses_and_reports(tiny_model, cli_env, repo):
@@ -81,30 +82,15 @@ def test_fresh_tiny_policy_learns_from_its_warm_start(tmp_path, repo, cli_env):
     short DAPO run lifts held-out greedy accuracy far above run-to-run noise (about ±0.04)."""
     tiny = tmp_path / "tiny"
     run = tmp_path / "run"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dapo_async.cli",
-            "train",
-            "configs/tiny_cpu.yaml",
-            f"model.tiny_dir={tiny}",
-            "model.tiny_seed=2",
-            f"run_dir={run}",
-            "learner.num_steps=20",
-            "tracking.aim=false",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        env=cli_env,
-        timeout=900,
-    )
+    args = (f"model.tiny_dir={tiny}", "model.tiny_seed=2", f"run_dir={run}")
+    out = run_cli(
+        repo, cli_env, "train", "configs/tiny_cpu.yaml", *args, "learner.num_steps=20",
+        "tracking.aim=false", "--json", timeout=900,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     meta = json.loads((tiny / "tiny_meta.json").read_text())
     assert meta["criterion"]["steps_ok"] >= 0.9 and meta["eval_steps_ok"] >= 0.8
     assert meta["eval_accuracy"] <= 0.4  # the shortcut keeps the start low
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = last_json(out)
     gain = summary["heldout_accuracy_after"] - summary["heldout_accuracy_before"]
     assert gain >= 0.3, summary
