@@ -6,8 +6,9 @@ processes (RLIMIT_NPROC; as root the child first drops to user ``nobody`` so the
 stdout/stderr bytes (read through a pipe; the run is killed past the limit) and wall-clock time.
 The child leads its own process group, which is killed as a whole when the run ends, so forked
 children do not outlive it, and runs in a new, empty network namespace (no route anywhere, not
-even to this machine's loopback listeners; ``Limits.isolate_network``). Writes outside the temp
-directory are limited only by the user's rights (``nobody`` as root). A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
+even to this machine's loopback listeners; ``Limits.isolate_network``). As root it also gets a
+private mount namespace in which every mount is read-only except its temp directory
+(``Limits.isolate_filesystem``); without root, writes are limited by the user's own rights. A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
 ``memory_limit``, ``output_limit``, ``error``) and scores as wrong.
 
 Ground truth format: JSON ``{"tests": [{"input": "...", "output": "..."}, ...]}``; the code is the
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 NOBODY_UID = 65534
 # Exit status of a child that could not enter its network namespace (tagged "sandbox_error").
@@ -44,6 +46,7 @@ class Limits:
     file_bytes: int = 1 << 20  # largest file the code may write
     num_procs: int = 16  # processes of the sandbox user (fork bombs)
     isolate_network: bool = True  # run in an empty network namespace (no loopback listeners)
+    isolate_filesystem: bool = True  # as root: everything read-only but the run's directory
 
 
 @dataclass
@@ -59,6 +62,10 @@ class RunResult:
 # so the code reaches no listener of this machine (the run's own buffer included) and no network.
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+# mount(2) flags (linux/mount.h), for a private mount namespace whose mounts are all read-only
+# but the run's own directory.
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 
 
 def _load_libc():
@@ -74,19 +81,45 @@ def _load_libc():
 _LIBC = _load_libc()
 
 
-def _isolate_network() -> None:
-    """Enter a new, empty network namespace (as root directly; otherwise inside a new user
-    namespace). Fails closed: the child exits rather than run code with the host's network."""
-    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
+def _mount_points() -> list[bytes]:
+    """Every mount point of this process (read in the parent, before the fork)."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    points = {line.split()[4].encode().decode("unicode_escape").encode() for line in lines}
+    return sorted(points, key=len)
+
+
+def _isolate(limits: Limits, workdir: bytes, mounts: list[bytes]) -> None:
+    """New namespaces for the child: an empty network one, and (as root) a private mount one in
+    which every mount is read-only except ``workdir``. Fails closed: the child exits rather than
+    run code with the host's network or a writable file system."""
+    root = os.geteuid() == 0
+    fs = limits.isolate_filesystem and root  # without root the user's own rights apply
+    flags = (CLONE_NEWNET if limits.isolate_network else 0) | (CLONE_NEWNS if fs else 0)
+    if limits.isolate_network and not root:
+        flags |= CLONE_NEWUSER
+    if not flags:
+        return
     if _LIBC is None or _LIBC.unshare(flags) != 0:
         os._exit(NO_NAMESPACE_EXIT)
+    if not fs:
+        return
+    if _LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        os._exit(NO_NAMESPACE_EXIT)
+    if _LIBC.mount(workdir, workdir, None, MS_BIND, None) != 0:
+        os._exit(NO_NAMESPACE_EXIT)
+    for point in mounts:
+        ok = _LIBC.mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) == 0
+        if point == b"/" and not ok:
+            os._exit(NO_NAMESPACE_EXIT)
 
 
-def _preexec(limits: Limits):
+def _preexec(limits: Limits, workdir: str, mounts: list[bytes]):
     def setup() -> None:
         os.setsid()
-        if limits.isolate_network:
-            _isolate_network()
+        _isolate(limits, workdir.encode(), mounts)
         if os.geteuid() == 0:  # root ignores RLIMIT_NPROC: run as nobody instead
             os.setgroups([])
             os.setgid(NOBODY_UID)
@@ -178,7 +211,7 @@ def _collect(proc: subprocess.Popen, stdin: str, limits: Limits, t0: float, out,
 def _classify(tag: str, rc: int, stderr_text: str, elapsed: float, limits: Limits) -> str:
     if tag != "ok" or rc == 0:
         return tag
-    if rc == NO_NAMESPACE_EXIT and limits.isolate_network and not stderr_text:
+    if rc == NO_NAMESPACE_EXIT and not stderr_text:
         return "sandbox_error"
     if rc in (-signal.SIGXCPU, -signal.SIGKILL) and elapsed >= limits.cpu_s * 0.9:
         return "cpu_limit"
@@ -202,7 +235,7 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResu
         stderr=subprocess.PIPE,
         cwd=workdir,
         env=env,
-        preexec_fn=_preexec(limits),
+        preexec_fn=_preexec(limits, workdir, _mount_points()),
     )
     out, err = bytearray(), bytearray()
     try:

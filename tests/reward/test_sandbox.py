@@ -81,3 +81,34 @@ def test_code_reaches_no_loopback_listener():
         assert open_net.stdout.strip() == "CONNECTED", open_net
     finally:
         srv.close()
+
+
+def test_code_writes_nowhere_but_its_directory():
+    """As root the sandbox gives the code a private mount namespace, read-only but for its own
+    temp directory: /tmp and /dev/shm (world-writable, so `nobody` alone could write there)
+    refuse; with the isolation off the same write goes through, so the test can fail."""
+    import os
+    import uuid
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("file-system isolation needs root (mount namespace); CI runs as root")
+    target = f"/dev/shm/dapo-sandbox-escape-{uuid.uuid4().hex}"
+    code = (
+        "import os\n"
+        "open(os.path.join(os.getcwd(), 'mine.txt'), 'w').write('ok')\n"
+        "try:\n"
+        f"    open({target!r}, 'w').write('x'); print('WROTE')\n"
+        "except OSError as e:\n"
+        "    print('DENIED', e.errno)\n"
+    )
+    try:
+        isolated = run_python(code)
+        assert isolated.tag == "ok" and isolated.stdout.startswith("DENIED"), isolated
+        assert not os.path.exists(target)
+        open_fs = run_python(code, limits=Limits(isolate_filesystem=False))
+        assert open_fs.stdout.strip() == "WROTE", open_fs
+    finally:
+        if os.path.exists(target):
+            os.remove(target)
