@@ -57,6 +57,14 @@ def _groups(
     return out
 
 
+def _service(cfg) -> BufferService:
+    """A buffer service without a socket over 1000 one-token-repeated prompts."""
+    records = [
+        PromptRecord(i, [{"role": "user", "content": str(i)}], "0", "bench") for i in range(1000)
+    ]
+    return BufferService(cfg, records, [[1] * PROMPT_LEN] * len(records), server=None)
+
+
 def run(
     num_groups: int = 10_000, batch: int = 32, response_len: int = 128, groups_per_step: int = 64
 ) -> dict:
@@ -65,10 +73,7 @@ def run(
     cfg.buffer.max_staleness = 10**6  # the bench measures throughput, not admission
     cfg.buffer.max_buffered_groups = 10 * num_groups
     cfg.generator.max_tokens = response_len  # responses of response_len pass the ingest checks
-    records = [
-        PromptRecord(i, [{"role": "user", "content": str(i)}], "0", "bench") for i in range(1000)
-    ]
-    svc = BufferService(cfg, records, [[1] * PROMPT_LEN] * len(records), server=None)
+    svc = _service(cfg)
     svc.handle(protocol.Hello("bench", 1, "hf"))
     rng = np.random.default_rng(0)
     proc = psutil.Process()

@@ -41,6 +41,9 @@ def main() -> None:
     if world > 1:
         import torch.distributed as dist
 
+        # leave together: a rank tearing its gloo pairs down while the other still writes its
+        # result was seen to abort the other ("terminate called without an active exception")
+        dist.barrier()
         dist.destroy_process_group()
 
 
