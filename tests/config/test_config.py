@@ -151,3 +151,17 @@ def test_cli_help_lists_subcommands(cli_env, repo):
         "keys",
     ):
         assert name in out.stdout
+
+
+def test_config_docs_into_a_closed_pipe_is_quiet(repo, cli_env):
+    """`dapo-async config docs | head -2`: the reader closes early; no traceback, exit 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo_async.cli", "config", "docs"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=repo, env=cli_env,
+    )  # fmt: skip
+    proc.stdout.close()  # like `head` that already has its lines: the pipe closes early
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
