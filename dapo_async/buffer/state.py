@@ -135,12 +135,9 @@ class BufferState:
     def ingest(self, group: Group) -> str:
         """Store one validated group; returns the ack status."""
         gid = group.group_id
-        if group.generator_id not in self.generators:
-            self.counters.rejected["unknown_generator"] += 1
-            return "retry:hello"  # the generator re-introduces itself and resends
-        if gid in self.seen:
-            self.counters.rejected["duplicate"] += 1
-            return "duplicate"
+        status = self._sender_status(group)
+        if status:
+            return status
         if group.components.shape[1] != len(self.component_names):
             self.counters.rejected["component_names"] += 1
             self._remember(gid)
@@ -175,19 +172,26 @@ class BufferState:
     def reject(self, group: Group, reason: str) -> str:
         """Refuse a group on its lease for ``reason`` (the semantic checks): nothing is stored,
         the prompt is leased again, the id is remembered so a resend is acked as a duplicate."""
-        gid = group.group_id
-        if group.generator_id not in self.generators:
-            self.counters.rejected["unknown_generator"] += 1
-            return "retry:hello"
-        if gid in self.seen:
-            self.counters.rejected["duplicate"] += 1
-            return "duplicate"
-        self._remember(gid)
+        status = self._sender_status(group)
+        if status:
+            return status
+        self._remember(group.group_id)
         lease = self.leases.pop(group.prompt_id, None)
         if lease is not None:
             self.cursor.requeue(lease.prompt_index)
         self.counters.rejected[reason] += 1
         return f"rejected:{reason}"
+
+    def _sender_status(self, group: Group) -> str:
+        """The ack for a group from an unknown generator or already seen ("" otherwise): the
+        answers ``ingest`` and ``reject`` give before looking at the group itself."""
+        if group.generator_id not in self.generators:
+            self.counters.rejected["unknown_generator"] += 1
+            return "retry:hello"  # the generator re-introduces itself and resends
+        if group.group_id in self.seen:
+            self.counters.rejected["duplicate"] += 1
+            return "duplicate"
+        return ""
 
     def leased_prompt_index(self, lease_id: int) -> int | None:
         lease = self.leases.get(lease_id)
