@@ -196,10 +196,13 @@ class Learner:
         return not last
 
     def _is_last(self, step: int) -> bool:
+        if step + 1 == self.cfg.learner.num_steps:
+            return True
         budget = self.cfg.learner.time_budget_s
+        if not budget:
+            return False  # no budget: no collective on every step
         # every rank must agree on the last step (its checkpoint and gathers are collective)
-        over = self.par.max_int(int(bool(budget) and self.train_seconds() >= budget))
-        return step + 1 == self.cfg.learner.num_steps or bool(over)
+        return bool(self.par.max_int(int(self.train_seconds() >= budget)))
 
     def publish(self, need_full: bool) -> None:
         """Rank 0 sends the new version; ``self.full`` keeps the full weights when needed."""
