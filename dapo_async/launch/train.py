@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dapo_async.checkpoint_dirs import latest
 from dapo_async.config import load_config, save_resolved
 from dapo_async.data.tasks import parse_source
 from dapo_async.roles import LAUNCHER_PID_ENV
@@ -293,7 +294,7 @@ def check_resume(cfg) -> None:
     if not cfg.run_dir:
         raise ValueError("--resume needs run_dir=<the run directory to resume>")
     ckpts = Path(cfg.run_dir) / "checkpoints"
-    if not any(p.is_dir() and not p.name.endswith(".tmp") for p in ckpts.glob("step-*")):
+    if latest(ckpts) is None:  # the learner resumes from the same one
         raise ValueError(f"--resume: no checkpoint in {ckpts} (nothing to resume)")
 
 

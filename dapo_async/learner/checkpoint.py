@@ -4,7 +4,8 @@ and vLLM as is) plus ``trainer.pt`` (optimizer, scheduler, policy version, RNG s
 plain values and is loaded with ``weights_only=True``: a checkpoint cannot carry code.
 
 Written into ``step-XXXXXXXX.tmp`` and renamed when complete, so a crash mid-write leaves no
-half checkpoint; ``latest`` returns the newest complete one; the newest ``keep`` are kept.
+half checkpoint (``checkpoint_dirs.latest`` finds the newest complete one); the newest ``keep``
+are kept.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-META = "meta.json"
+from dapo_async.checkpoint_dirs import META, complete
+
 TRAINER_STATE = "trainer.pt"
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -81,22 +83,6 @@ def save(
     for old in complete(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def complete(root: str | Path) -> list[Path]:
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(
-        p
-        for p in root.glob("step-*")
-        if p.is_dir() and not p.name.endswith(".tmp") and (p / META).is_file()
-    )
-
-
-def latest(root: str | Path) -> Path | None:
-    done = complete(root)
-    return done[-1] if done else None
 
 
 class CheckpointError(ValueError):

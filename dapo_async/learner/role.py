@@ -29,7 +29,7 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dapo_async import protocol, transport
+from dapo_async import checkpoint_dirs, protocol, transport
 from dapo_async.data.datasets import load_source
 from dapo_async.evaluation import evaluate_records
 from dapo_async.learner import checkpoint
@@ -67,7 +67,7 @@ class Learner:
         self.cfg, self.rank, self.world, self.log, self.stop = cfg, rank, world, log, stop
         self.run_dir = cfg.resolved_run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.resume_from = checkpoint.latest(self.ckpt_root) if resume else None
+        self.resume_from = checkpoint_dirs.latest(self.ckpt_root) if resume else None
         self.tracker = self.publisher = None
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
