@@ -16,11 +16,10 @@ The default is the tiny CPU job (one learner, one generator, one torch thread ea
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-from dapo_async.bench.common import print_result, run_train
+from dapo_async.bench.common import heldout_accuracy, print_result, run_train
 from dapo_async.tracking import read_metrics
 
 
@@ -39,12 +38,9 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
         "steps": float(len(recs)),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
     }
-    for name in ("eval_before", "eval_after"):
-        p = run_dir / f"{name}.json"
-        if p.exists():
-            out[f"heldout_{name.removeprefix('eval_')}"] = json.loads(p.read_text())[
-                "eval/accuracy"
-            ]
+    for when in ("before", "after"):
+        if (run_dir / f"eval_{when}.json").exists():
+            out[f"heldout_{when}"] = heldout_accuracy(run_dir, when)
     return out
 
 

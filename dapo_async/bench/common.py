@@ -29,6 +29,11 @@ def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:
     return seeds
 
 
+def heldout_accuracy(run_dir: Path, when: str) -> float:
+    """Held-out accuracy of a finished run, ``when`` = "before" or "after" training."""
+    return json.loads((Path(run_dir) / f"eval_{when}.json").read_text())["eval/accuracy"]
+
+
 def print_result(summary: str, out: dict, as_json: bool) -> int:
     """The summary line on stderr; with ``--json`` the one JSON object on stdout's last line."""
     print(summary, file=sys.stderr)

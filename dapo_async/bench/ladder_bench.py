@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.common import parse_seeds, run_train
+from dapo_async.bench.common import heldout_accuracy, parse_seeds, run_train
 from dapo_async.tiny.build import cpu_model
 from dapo_async.tracking import read_metrics
 
@@ -82,7 +82,7 @@ def async_arms(budget_s: float) -> dict[str, list[str]]:
 def read_curve(run_dir: Path) -> dict:
     """Held-out evaluations of one run: steps, training seconds, accuracies; and the final one."""
     evals = [r for r in read_metrics(run_dir, "learner") if "eval/accuracy" in r]
-    after = json.loads((run_dir / "eval_after.json").read_text())["eval/accuracy"]
+    after = heldout_accuracy(run_dir, "after")
     summary = json.loads((run_dir / "learner_summary.json").read_text())
     train_s = float(summary.get("train_seconds", summary["seconds"]))
     # training seconds (evaluations excluded) at each evaluation: 0 for the one before

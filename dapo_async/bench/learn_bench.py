@@ -21,14 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.common import parse_seeds, print_result, run_train
+from dapo_async.bench.common import heldout_accuracy, parse_seeds, print_result, run_train
 from dapo_async.tiny.build import META_NAME, cpu_model
 
 
 def read_result(run_dir: Path) -> dict[str, float]:
     """Held-out accuracy before and after one run, and its gain."""
-    before = json.loads((run_dir / "eval_before.json").read_text())["eval/accuracy"]
-    after = json.loads((run_dir / "eval_after.json").read_text())["eval/accuracy"]
+    before, after = heldout_accuracy(run_dir, "before"), heldout_accuracy(run_dir, "after")
     return {"before": before, "after": after, "gain": after - before}
 
 
