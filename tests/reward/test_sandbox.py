@@ -56,6 +56,15 @@ def test_memory_hog_is_stopped():
     assert run_python("print(1 + 1)", limits=FAST).stdout.strip() == "2"
 
 
+def _attempt(setup: str, action: str, done: str, refused: str) -> str:
+    """Candidate code that runs ``setup``, tries ``action`` and prints ``done``, or ``refused``
+    and the errno when the action raises OSError."""
+    return (
+        f"{setup}\ntry:\n    {action}; print({done!r})\n"
+        f"except OSError as e:\n    print({refused!r}, e.errno)\n"
+    )
+
+
 def test_code_reaches_no_loopback_listener():
     """Candidate code runs in an empty network namespace: a listener on this machine's loopback
     (where the run's own buffer listens) is unreachable; with isolation off it is reachable,
@@ -66,13 +75,8 @@ def test_code_reaches_no_loopback_listener():
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     port = srv.getsockname()[1]
-    code = (
-        "import socket\n"
-        "s = socket.socket()\n"
-        "try:\n"
-        f"    s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
-        "except OSError as e:\n"
-        "    print('BLOCKED', e.errno)\n"
+    code = _attempt(
+        "import socket", f"socket.socket().connect(('127.0.0.1', {port}))", "CONNECTED", "BLOCKED"
     )
     try:
         isolated = run_python(code)
@@ -95,14 +99,8 @@ def test_code_writes_nowhere_but_its_directory():
     if os.geteuid() != 0:
         pytest.skip("file-system isolation needs root (mount namespace); CI runs as root")
     target = f"/dev/shm/dapo-sandbox-escape-{uuid.uuid4().hex}"
-    code = (
-        "import os\n"
-        "open(os.path.join(os.getcwd(), 'mine.txt'), 'w').write('ok')\n"
-        "try:\n"
-        f"    open({target!r}, 'w').write('x'); print('WROTE')\n"
-        "except OSError as e:\n"
-        "    print('DENIED', e.errno)\n"
-    )
+    setup = "import os\nopen(os.path.join(os.getcwd(), 'mine.txt'), 'w').write('ok')"
+    code = _attempt(setup, f"open({target!r}, 'w').write('x')", "WROTE", "DENIED")
     try:
         isolated = run_python(code)
         assert isolated.tag == "ok" and isolated.stdout.startswith("DENIED"), isolated
