@@ -46,7 +46,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     paths = generate_keys(args.out)
     print(f"server public key: {paths['server']}")
     print(f"server secret key: {paths['server_secret']} (stays on the buffer host)")
-    print(f"client key pair:   {paths['client']}, {paths['client_secret']}")
+    for role in ("learner", "generator", "client"):
+        print(f"{role} key pair: {paths[role]}, {paths[role + '_secret']}")
     print(f"authorized client keys: {paths['authorized']}/")
     print(f"Set launch.curve_keys_dir={args.out} on every role.")
     return 0

@@ -22,11 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from dapo_async import protocol
+from dapo_async.keys import (
+    AUTHORIZED_DIR,
+    CLIENT_KEY,
+    SERVER_KEY,
+    SecurityError,
+    generate_keys,
+    load_pair,
+    roles_by_key,
+)
 from dapo_async.utils import is_loopback
+
+__all__ = ["SecurityError", "generate_keys"]  # re-exported: callers name them by transport
 
 log = logging.getLogger(__name__)
 
@@ -41,52 +51,9 @@ HEARTBEAT_TIMEOUT_MS = 10000
 # Default receive timeout of request/reply helpers; callers pass their own for long waits.
 DEFAULT_RECV_TIMEOUT_S = 10.0
 
-SERVER_KEY = "server"
-CLIENT_KEY = "client"
-AUTHORIZED_DIR = "authorized_clients"
-
-
-class SecurityError(ValueError):
-    """A bind or connect would be unsafe, or keys are missing."""
-
 
 class RecvTimeout(TimeoutError):
     """No message arrived within the timeout."""
-
-
-# --------------------------------------------------------------------------- keys
-
-
-def generate_keys(out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Create a server and a client CurveZMQ key pair under ``out_dir``; the client's public key
-    is also placed in ``authorized_clients/``. Existing keys are kept (idempotent)."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
-    auth = d / AUTHORIZED_DIR
-    auth.mkdir(exist_ok=True)
-    paths: dict[str, Path] = {}
-    for name in (SERVER_KEY, CLIENT_KEY):
-        public, secret = d / f"{name}.key", d / f"{name}.key_secret"
-        if not (public.exists() and secret.exists()):
-            public, secret = (Path(p) for p in zmq.auth.create_certificates(d, name))
-        os.chmod(secret, 0o600)
-        paths[name] = public
-        paths[f"{name}_secret"] = secret
-    client_copy = auth / f"{CLIENT_KEY}.key"
-    client_copy.write_bytes((d / f"{CLIENT_KEY}.key").read_bytes())
-    paths["authorized"] = auth
-    return paths
-
-
-def _load(keys_dir: Path, name: str, secret: bool) -> tuple[bytes, bytes | None]:
-    path = keys_dir / (f"{name}.key_secret" if secret else f"{name}.key")
-    if not path.exists():
-        raise SecurityError(
-            f"CurveZMQ key file missing: {path} (create keys with `dapo-async keys`)"
-        )
-    public, sec = zmq.auth.load_certificate(path)
-    return public, sec
 
 
 @dataclass
@@ -96,6 +63,12 @@ class Server:
     socket: zmq.Socket
     endpoint: str
     authenticator: ThreadAuthenticator | None = None
+    # z85 public key → client role (``keys.roles_by_key``); empty without CurveZMQ
+    roles: dict[str, str] | None = None
+
+    def role_of(self, user_id: str | None) -> str | None:
+        """The role of an authenticated sender (None without CurveZMQ or for an unknown key)."""
+        return (self.roles or {}).get(user_id or "")
 
     def close(self) -> None:
         self.socket.close(linger=DEFAULT_LINGER_MS)
@@ -144,7 +117,7 @@ def bind_server(
     authenticator = None
     if keys_dir:
         kd = Path(keys_dir)
-        public, secret = _load(kd, SERVER_KEY, secret=True)
+        public, secret = load_pair(kd, SERVER_KEY, secret=True)
         authorized = kd / AUTHORIZED_DIR
         if not authorized.is_dir():
             raise SecurityError(f"missing {authorized} (create keys with `dapo-async keys`)")
@@ -165,7 +138,8 @@ def bind_server(
         if authenticator is not None:
             authenticator.stop()
         raise
-    return Server(sock, f"tcp://{addr}:{port}", authenticator)
+    roles = roles_by_key(Path(keys_dir)) if keys_dir else None
+    return Server(sock, f"tcp://{addr}:{port}", authenticator, roles)
 
 
 def connect_client(
@@ -174,17 +148,18 @@ def connect_client(
     endpoint: str,
     keys_dir: str | os.PathLike | None = None,
     identity: bytes | None = None,
+    role: str = CLIENT_KEY,
 ) -> zmq.Socket:
-    """Connect a client socket; with ``keys_dir`` it authenticates with the client key pair and
-    verifies the server's public key."""
+    """Connect a client socket; with ``keys_dir`` it authenticates with the key pair of
+    ``role`` (``keys.CLIENT_ROLES``) and verifies the server's public key."""
     sock = ctx.socket(sock_type)
     _common_options(sock)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if keys_dir:
         kd = Path(keys_dir)
-        server_public, _ = _load(kd, SERVER_KEY, secret=False)
-        public, secret = _load(kd, CLIENT_KEY, secret=True)
+        server_public, _ = load_pair(kd, SERVER_KEY, secret=False)
+        public, secret = load_pair(kd, role, secret=True)
         sock.curve_secretkey = secret
         sock.curve_publickey = public
         sock.curve_serverkey = server_public
@@ -230,13 +205,30 @@ def recv_routed(
     """Receive on a ROUTER: (peer identity, message or the ProtocolError it raised).
 
     A bad message is returned, not raised, so a server loop counts it and carries on."""
+    identity, _, msg = recv_routed_user(sock, timeout_s, max_bytes)
+    return identity, msg
+
+
+def recv_routed_user(
+    sock: zmq.Socket,
+    timeout_s: float | None = DEFAULT_RECV_TIMEOUT_S,
+    max_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES,
+) -> tuple[bytes, str | None, protocol.Message | protocol.ProtocolError]:
+    """``recv_routed`` plus the sender's authenticated public key (z85; None without
+    CurveZMQ): what ``Server.role_of`` maps to a role."""
     _wait(sock, timeout_s)
     frames = sock.recv_multipart(copy=False)
     identity = frames[0].bytes
+    user = None
+    if len(frames) > 1:
+        try:
+            user = frames[1].get("User-Id")
+        except zmq.ZMQError:  # no CurveZMQ on this socket: no such property
+            user = None
     try:
-        return identity, protocol.decode(frames[1:], max_bytes=max_bytes)
+        return identity, user, protocol.decode(frames[1:], max_bytes=max_bytes)
     except protocol.ProtocolError as e:
-        return identity, e
+        return identity, user, e
 
 
 def request(

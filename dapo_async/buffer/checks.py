@@ -12,7 +12,29 @@ from pathlib import Path
 
 import numpy as np
 
+from dapo_async import protocol
 from dapo_async.protocol import Group
+
+# Which message kinds each authenticated client role may send the buffer (keys.CLIENT_ROLES);
+# the operator's "client" key may send every kind. Without CurveZMQ nobody is identified and
+# every kind is accepted (launch.auth=false, loopback only).
+ROLE_MESSAGES: dict[str, tuple[type, ...]] = {
+    "generator": (
+        protocol.Hello,
+        protocol.Heartbeat,
+        protocol.LeaseRequest,
+        protocol.ScoredGroups,
+    ),
+    "learner": (protocol.BatchRequest, protocol.CheckpointNotice),
+}
+
+
+def forbidden(role: str | None, msg: protocol.Message, authenticated: bool) -> bool:
+    """True when ``msg`` must not be accepted from a sender of ``role``."""
+    if not authenticated or role == "client":
+        return False
+    allowed = ROLE_MESSAGES.get(role or "")
+    return allowed is None or not isinstance(msg, allowed)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ class Counters:
     trained: int = 0
     leased: int = 0
     lease_reissued: int = 0
+    paced_waits: int = 0  # batch requests that waited for a prompt due at that step
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
 
@@ -25,11 +26,13 @@ class Counters:
 
     @classmethod
     def from_dict(cls, d: dict) -> Counters:
-        c = cls(**{name: d[name] for name in COUNT_FIELDS})
+        c = cls(**{name: d.get(name, 0) for name in COUNT_FIELDS})
         c.dropped.update(d["dropped"])
         c.rejected.update(d["rejected"])
         return c
 
 
 # The plain counts of Counters, in snapshot order.
-COUNT_FIELDS = ("produced", "accepted", "qualified", "trained", "leased", "lease_reissued")
+COUNT_FIELDS = (
+    "produced", "accepted", "qualified", "trained", "leased", "lease_reissued", "paced_waits",
+)  # fmt: skip

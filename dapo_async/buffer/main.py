@@ -17,6 +17,7 @@ from dapo_async import transport
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
 from dapo_async.data.datasets import PromptEncoder, load_source
+from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.roles import StopFlag, setup_logging, write_endpoint
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
@@ -39,6 +40,16 @@ def load_prompts(cfg, log) -> tuple[list, list[list[int]]]:
     return kept, tokens
 
 
+def previous_port(run_dir) -> int:
+    """The port of this run's buffer before a restart (its endpoint file), so connected
+    generators and learners reconnect by themselves; 0 (any free port) for a new run."""
+    path = run_dir / "endpoints" / "buffer"
+    try:
+        return int(path.read_text().strip().rsplit(":", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     log = setup_logging("buffer")
@@ -47,12 +58,15 @@ def main(args: argparse.Namespace) -> int:
     save_resolved(cfg, run_dir)
     prompts, tokens = load_prompts(cfg, log)
     ctx = zmq.Context()
+    keys_dir = run_keys_dir(cfg.launch, run_dir)
+    if keys_dir is not None and not cfg.launch.curve_keys_dir:
+        generate_keys(keys_dir)  # the run's own keys (idempotent: the launcher made them)
     server = transport.bind_server(
         ctx,
         zmq.ROUTER,
         cfg.launch.host,
-        cfg.buffer.port,
-        keys_dir=cfg.launch.curve_keys_dir or None,
+        cfg.buffer.port or previous_port(run_dir),
+        keys_dir=keys_dir,
         insecure_allow_public_bind=cfg.launch.insecure_allow_public_bind,
     )
     tracker = Tracker.for_role(cfg, "buffer")

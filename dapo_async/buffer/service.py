@@ -21,7 +21,7 @@ import zmq
 
 from dapo_async import protocol, transport
 from dapo_async.buffer import wal
-from dapo_async.buffer.checks import GroupLimits, model_vocab_size, semantic_error
+from dapo_async.buffer.checks import GroupLimits, forbidden, model_vocab_size, semantic_error
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import RunConfig
 from dapo_async.data.tasks import PromptRecord
@@ -96,7 +96,7 @@ class BufferService:
         if name == "hello":
             s.hello(args)
         elif name == "grant":
-            s.grant(args[0], args[1])
+            s.grant(args[0], args[1], weights_version=args[2] if len(args) > 2 else 0)
         elif name == "expire":
             s.expire_ids(args)
         elif name == "ingest":
@@ -142,9 +142,9 @@ class BufferService:
         s = self.state
         if msg.generator_id not in s.generators:
             return protocol.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
-        leases = s.grant(msg.generator_id, msg.num_prompts)
+        leases = s.grant(msg.generator_id, msg.num_prompts, weights_version=msg.version)
         if leases:
-            self._log("grant", [msg.generator_id, msg.num_prompts])
+            self._log("grant", [msg.generator_id, msg.num_prompts, msg.version])
         recs = [self.records[ls.prompt_index] for ls in leases]
         return protocol.LeaseGrant(
             prompt_ids=[ls.lease_id for ls in leases],
@@ -231,11 +231,21 @@ class BufferService:
             return 0
         replies: list[tuple[bytes, protocol.Message]] = []
         n = 0
+        authenticated = self.server.roles is not None
         while n < MAX_MESSAGES_PER_ITERATION and sock.poll(0):
-            ident, msg = transport.recv_routed(sock, timeout_s=None)
+            ident, user, msg = transport.recv_routed_user(sock, timeout_s=None)
             n += 1
             if isinstance(msg, protocol.ProtocolError):
                 self.malformed[msg.reason] = self.malformed.get(msg.reason, 0) + 1
+                continue
+            role = self.server.role_of(user)
+            if forbidden(role, msg, authenticated):
+                key = f"forbidden_{msg.KIND}"
+                if key not in self.malformed:
+                    log.warning(
+                        "refusing %s from a %s key (not its role's message)", msg.KIND, role
+                    )
+                self.malformed[key] = self.malformed.get(key, 0) + 1
                 continue
             reply = self.handle(msg)
             if reply is not None:

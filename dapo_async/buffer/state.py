@@ -16,46 +16,31 @@ Life of a prompt and its group:
                                                                    │
                           request for step s+1 ──► step s trained; freed at the next checkpoint
 
-Admission (invariant 2): new leases are granted only while
-``qualified_total + outstanding ≤ (v + 1 + max_staleness) × groups_per_step``, with
-v = the learner's version (the highest step requested), so no group can be more than
-``max_staleness`` versions old when it is trained; consumption re-checks the bound.
+Admission and pacing (invariant 2; the argument is in docs/architecture.md): a lease gets a
+deadline d = (the weights version its generator holds, clamped to [v - max_staleness, v]) +
+max_staleness, v = the learner's version (the highest step requested); it is granted only while
+``qualified_total + outstanding + 1 ≤ (d + 1) × groups_per_step``. Assembly of step s waits
+while a lease due at s is outstanding (pacing), then takes ready groups oldest token first, so
+a slow group is trained in time instead of dropped; consumption re-checks the bound.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from dapo_async.algo.filters import dynamic_sampling_keep
+from dapo_async.buffer import snapshot
 from dapo_async.buffer.counters import Counters
+from dapo_async.buffer.records import Lease, StepBatch
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
 
 # Group ids remembered after training, to ack late resends as duplicates (bounded memory).
 MAX_REMEMBERED_IDS = 1_000_000
-# Ids kept in a snapshot: generators resend only unacknowledged groups, a few outboxes' worth.
-SNAPSHOT_SEEN_IDS = 100_000
-
-
-@dataclass
-class Lease:
-    lease_id: int
-    prompt_index: int
-    generator_id: str
-    granted_at: float
-
-
-@dataclass
-class StepBatch:
-    step: int
-    group_ids: list[GroupId]
-    shards: list[list[int]]  # per rank: indices into group_ids
-    global_num_tokens: int
 
 
 class BufferState:
@@ -82,31 +67,40 @@ class BufferState:
 
     # ------------------------------------------------------------------ leases
 
-    @property
-    def capacity(self) -> int:
-        return (self.version + 1 + self.cfg.max_staleness) * self.cfg.groups_per_step
-
     def oldest_allowed_version(self) -> int:
         """The oldest policy version whose tokens may still be trained at the next step
         (invariant 2): a generator holding older weights waits for newer ones."""
         return max(0, self.version - self.cfg.max_staleness)
 
-    def admissible(self) -> int:
-        """How many more prompts may be leased now (admission rule and memory bound)."""
+    def deadline(self, weights_version: int) -> int:
+        """The last step that may train a group a generator holding ``weights_version`` starts
+        now: its oldest token has at least that version (clamped to what the buffer allows and
+        to the learner's version: a larger claim is not believed)."""
+        start = min(max(weights_version, self.oldest_allowed_version()), self.version)
+        return start + self.cfg.max_staleness
+
+    def admissible(self, deadline: int | None = None) -> int:
+        """How many more prompts may be leased now whose groups must be trained by step
+        ``deadline`` (default: a generator holding the learner's version): every group counted
+        so far, plus these, must fit into the steps up to it (admission rule), and memory."""
         # qualified groups dropped later (stale at assembly, rolled back on resume) no longer
         # count: otherwise a run whose generator lagged one version would starve forever
         d = self.counters.dropped
         usable = self.counters.qualified - d.get("stale", 0) - d.get("rolled_back", 0)
-        by_staleness = self.capacity - usable - len(self.leases)
+        last = self.deadline(self.version) if deadline is None else deadline
+        by_staleness = (last + 1) * self.cfg.groups_per_step - usable - len(self.leases)
         by_memory = self.cfg.max_buffered_groups - len(self.groups) - len(self.leases)
         return max(0, min(by_staleness, by_memory))
 
-    def grant(self, generator_id: str, num: int, now: float | None = None) -> list[Lease]:
+    def grant(
+        self, generator_id: str, num: int, now: float | None = None, weights_version: int = 0
+    ) -> list[Lease]:
         now = time.monotonic() if now is None else now
         self.generators[generator_id] = now
+        deadline = self.deadline(weights_version)
         out = []
-        for _ in range(min(num, self.admissible())):
-            lease = Lease(self.next_lease_id, self.cursor.next(), generator_id, now)
+        for _ in range(min(num, self.admissible(deadline))):
+            lease = Lease(self.next_lease_id, self.cursor.next(), generator_id, now, deadline)
             self.next_lease_id += 1
             self.leases[lease.lease_id] = lease
             out.append(lease)
@@ -271,12 +265,19 @@ class BufferState:
             raise ValueError(
                 f"buffer.groups_per_step ({need}) must be >= the number of learner ranks ({world_size})"
             )
+        if any(ls.deadline == step for ls in self.leases.values()):
+            # pacing: a prompt still being generated must be trained at this step at the
+            # latest; the step waits for it rather than leave it to go stale (a long response
+            # is never dropped for being slow)
+            self.counters.paced_waits += 1
+            return None
         min_version = step - self.cfg.max_staleness
+        # oldest first (earliest deadline), then arrival: a slow group is not overtaken
+        self.ready = deque(sorted(self.ready, key=lambda gid: self._oldest_version(gid)))
         fresh: list[GroupId] = []
         while self.ready and len(fresh) < need:
             gid = self.ready.popleft()
-            g = self.groups[gid]
-            if g.num_tokens and int(g.versions.min()) < min_version:
+            if self._oldest_version(gid) < min_version:
                 del self.groups[gid]
                 self.counters.dropped["stale"] += 1
                 continue
@@ -292,6 +293,10 @@ class BufferState:
         sb = StepBatch(step, fresh, balance_shards(tokens, world_size), int(sum(tokens)))
         self.steps[step] = sb
         return sb
+
+    def _oldest_version(self, gid: GroupId) -> int:
+        g = self.groups[gid]
+        return int(g.versions.min()) if g.num_tokens else self.version
 
     def mark_checkpoint(self, step: int) -> None:
         """The learner checkpointed after finishing ``step``: groups of steps <= step are freed.
@@ -311,49 +316,10 @@ class BufferState:
     # ------------------------------------------------------------------ persistence
 
     def snapshot(self) -> dict:
-        """JSON-able state except the stored groups (those go next to it)."""
-        return {
-            "cursor": self.cursor.state(),
-            "version": self.version,
-            "next_lease_id": self.next_lease_id,
-            "leases": [
-                [ls.lease_id, ls.prompt_index, ls.generator_id] for ls in self.leases.values()
-            ],
-            "generators": sorted(self.generators),
-            "ready": [list(g) for g in self.ready],
-            "steps": [
-                [sb.step, [list(g) for g in sb.group_ids], sb.shards, sb.global_num_tokens]
-                for sb in self.steps.values()
-            ],
-            "counted_steps": sorted(self.counted_steps),
-            "rank_steps": {str(k): v for k, v in self.rank_steps.items()},
-            "checkpointed_step": self.checkpointed_step,
-            "seen": [list(g) for g in list(self.seen)[-SNAPSHOT_SEEN_IDS:]],
-            "counters": self.counters.to_dict(),
-            "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
-            "component_names": self.component_names,
-        }
+        return snapshot.dump(self)
 
     def restore(self, snap: dict, groups: list[Group]) -> None:
-        now = time.monotonic()
-        self.cursor = PromptCursor.from_state(snap["cursor"])
-        self.version = snap["version"]
-        self.next_lease_id = snap["next_lease_id"]
-        self.leases = {lid: Lease(lid, idx, gen, now) for lid, idx, gen in snap["leases"]}
-        self.generators = {g: now for g in snap["generators"]}
-        self.groups = {g.group_id: g for g in groups}
-        self.ready = deque(tuple(g) for g in snap["ready"])
-        self.steps = OrderedDict(
-            (s, StepBatch(s, [tuple(g) for g in ids], shards, tok))
-            for s, ids, shards, tok in snap["steps"]
-        )
-        self.counted_steps = set(snap["counted_steps"])
-        self.rank_steps = {int(k): v for k, v in snap["rank_steps"].items()}
-        self.checkpointed_step = snap["checkpointed_step"]
-        self.seen = OrderedDict((tuple(g), None) for g in snap["seen"])
-        self.counters = Counters.from_dict(snap["counters"])
-        self.staleness_hist = Counter({int(k): v for k, v in snap["staleness_hist"].items()})
-        self.component_names = snap["component_names"]
+        snapshot.load(self, snap, groups)
 
     def expire_ids(self, lease_ids: list[int]) -> None:
         """Replay of ``expire_leases``: drop exactly these leases."""

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_async.config.fields import F, S, _choice, _need
+from dapo_async.config.rollout import GeneratorConfig, RewardConfig
+
+__all__ = ["GeneratorConfig", "RewardConfig"]  # with the sections defined here
 
 
 @dataclass
@@ -66,68 +69,6 @@ class DataConfig:
 
 
 @dataclass
-class GeneratorConfig:
-    engine: str = F("hf", "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).")
-    num_generators: int = F(1, "Generator processes started by `dapo-async train`.")
-    responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).")
-    prompts_per_batch: int = F(8, "Prompts a generator leases and samples in one engine call.")
-    temperature: float = F(1.0, "Sampling temperature (DAPO trains at 1.0).")
-    top_p: float = F(1.0, "Nucleus sampling mass.")
-    top_k: int = F(-1, "Top-k sampling; -1 = off.")
-    max_tokens: int = F(24, "Maximum response length in tokens.")
-    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.")
-    eval_top_p: float = F(1.0, "top_p for held-out evaluation.")
-    logprobs_mode: str = F(
-        "processed", "Behaviour log-probs: processed (after temperature/top-p) | raw."
-    )
-    max_model_len: int = F(256, "vLLM: maximum sequence length.")
-    cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
-    gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
-    tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
-    heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.")
-
-    def check(self, p: str) -> None:
-        _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
-        _choice(self.logprobs_mode, ("processed", "raw"), f"{p}.logprobs_mode")
-        _need(self.num_generators >= 1, f"{p}.num_generators", "must be >= 1")
-        _need(self.responses_per_prompt >= 2, f"{p}.responses_per_prompt", "must be >= 2 (groups)")
-        _need(self.prompts_per_batch >= 1, f"{p}.prompts_per_batch", "must be >= 1")
-        _need(self.temperature > 0, f"{p}.temperature", "must be > 0")
-        _need(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
-        _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
-        _need(self.max_tokens >= 1, f"{p}.max_tokens", "must be >= 1")
-        _need(self.eval_temperature >= 0, f"{p}.eval_temperature", "must be >= 0")
-        _need(0 < self.eval_top_p <= 1, f"{p}.eval_top_p", "must be in (0, 1]")
-        _need(self.heartbeat_s > 0, f"{p}.heartbeat_s", "must be > 0")
-
-
-@dataclass
-class RewardConfig:
-    fn: str = F(
-        "dapo_math",
-        "Reward function: dapo_math | boxed | `package.module:function` (custom).",
-    )
-    overlong_shaping: bool = F(True, "Add DAPO's soft overlong punishment to the reward.")
-    overlong_max_len: int = F(24, "L_max of the overlong punishment (tokens).")
-    overlong_cache_len: int = F(6, "L_cache of the overlong punishment (tokens).")
-    timeout_s: float = F(
-        5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
-    )
-    num_workers: int = F(1, "Isolated reward worker processes per generator.")
-
-    def check(self, p: str) -> None:
-        _need(self.fn != "", f"{p}.fn", "must not be empty")
-        _need(self.overlong_max_len > 0, f"{p}.overlong_max_len", "must be > 0")
-        _need(
-            0 < self.overlong_cache_len < self.overlong_max_len,
-            f"{p}.overlong_cache_len",
-            "must be in (0, overlong_max_len)",
-        )
-        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
-        _need(self.num_workers >= 1, f"{p}.num_workers", "must be >= 1")
-
-
-@dataclass
 class BufferConfig:
     port: int = F(0, "Buffer ROUTER port; 0 = pick a free port (local runs).")
     groups_per_step: int = F(16, "Groups (prompts) in one learner step's global batch.")
@@ -137,7 +78,11 @@ class BufferConfig:
     min_group_acc: float = F(0.0, "Band-pass: keep groups with accuracy >= this (0 = off).")
     max_group_acc: float = F(1.0, "Band-pass: keep groups with accuracy <= this (1 = off).")
     max_buffered_groups: int = F(4096, "Memory bound: generators are told to wait beyond this.")
-    wal: bool = F(False, "Keep a write-ahead log of accepted, not yet trained groups.")
+    wal: bool = F(
+        True,
+        "Keep a write-ahead log of accepted, not yet trained groups (a killed buffer restarts "
+        "from it and loses nothing it acknowledged).",
+    )
     lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.")
 
     def check(self, p: str) -> None:
@@ -320,18 +265,39 @@ class LaunchConfig:
         "weight-sync store when weight_sync.endpoint is empty.",
     )
     buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
-    curve_keys_dir: str = F("", "Directory made by `dapo-async keys`; enables CurveZMQ.")
+    curve_keys_dir: str = F(
+        "",
+        "Directory made by `dapo-async keys` (shared by hosts of one run); empty = the run's "
+        "own keys in <run_dir>/keys (with launch.auth).",
+    )
+    auth: bool = F(
+        True,
+        "Authenticate every ZeroMQ link with CurveZMQ (per-run keys when curve_keys_dir is "
+        "empty), loopback included; the buffer accepts each message kind only from the role "
+        "that may send it. false: no authentication (loopback binds only).",
+    )
     insecure_allow_public_bind: bool = F(
         False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
     )
     torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).")
     allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
+    restart_roles: bool = F(
+        True,
+        "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "
+        "that dies (from its latest checkpoint) instead of ending the run.",
+    )
+    max_restarts: int = F(
+        10, "Most restarts of one role within launch.restart_window_s; more ends the run."
+    )
+    restart_window_s: float = F(600.0, "Window of launch.max_restarts, seconds.")
     shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.")
 
     def check(self, p: str) -> None:
         _need(self.host != "", f"{p}.host", "must not be empty")
         _need(self.torch_threads >= 1, f"{p}.torch_threads", "must be >= 1")
         _need(self.shutdown_timeout_s > 0, f"{p}.shutdown_timeout_s", "must be > 0")
+        _need(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")
+        _need(self.restart_window_s > 0, f"{p}.restart_window_s", "must be > 0")
 
 
 @dataclass

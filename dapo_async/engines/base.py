@@ -32,6 +32,9 @@ class Completion:
     finish: str  # "stop" | "length"
     text: str = ""
     extra: dict = field(default_factory=dict)
+    # per token: the version of the weights it was sampled from (streaming engines, where an
+    # update may land mid-response); None = the engine's version when the call started
+    versions: np.ndarray | None = None
 
 
 class Engine(Protocol):

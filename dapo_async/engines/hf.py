@@ -106,5 +106,12 @@ class HFEngine:
             )
         self.version = version
 
+    def stream(self, chunk_tokens: int, reset_kv: bool = False, seed: int = 0):
+        """A continuous-batching decoder over this engine's model (``engines/hf_stream.py``);
+        weights given to ``update_weights`` reach it between chunks."""
+        from dapo_async.engines.hf_stream import HFStream
+
+        return HFStream(self, chunk_tokens, reset_kv=reset_kv, seed=seed)
+
     def close(self) -> None:
         pass

@@ -34,6 +34,40 @@ TMPFS = "/dev/shm"
 LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 
 
+def vllm_params(params: SamplingParams):
+    """vLLM's SamplingParams for ours (sampled-token log-probs on)."""
+    from vllm import SamplingParams as VSP
+
+    greedy = params.temperature == 0
+    return VSP(
+        n=params.n,
+        temperature=0.0 if greedy else params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        max_tokens=params.max_tokens,
+        stop=list(params.stop) or None,
+        logprobs=0,
+        seed=params.seed,
+    )
+
+
+def completion(c, versions: list[int] | None = None) -> Completion:
+    """Our Completion from one vLLM CompletionOutput."""
+    toks = np.asarray(c.token_ids, np.int32)
+    lps = np.asarray(
+        [entry[int(t)].logprob for t, entry in zip(c.token_ids, c.logprobs or [])], np.float32
+    )
+    if lps.shape != toks.shape:
+        raise RuntimeError(f"vLLM returned {lps.shape[0]} log-probs for {toks.shape[0]} tokens")
+    return Completion(
+        tokens=toks,
+        logprobs=lps,
+        finish="length" if c.finish_reason == "length" else "stop",
+        text=c.text,
+        versions=None if versions is None else np.asarray(versions, np.int32),
+    )
+
+
 def _on_gpu() -> bool:
     try:
         import torch
@@ -70,54 +104,35 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_id = self.tokenizer.eos_token_id
         self.version = 0
+        # stream mode with generator.reset_kv_on_update: running requests are preempted at an
+        # update and their KV recomputed by the new weights (else they keep the old KV)
+        self.reset_running = False
         base = TMPFS if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK) else None
         self._tmp = tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=base)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
         if not prompts:
             return []
-        greedy = params.temperature == 0
-        sp = VSP(
-            n=params.n,
-            temperature=0.0 if greedy else params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else -1,
-            max_tokens=params.max_tokens,
-            stop=list(params.stop) or None,
-            logprobs=0,
-            seed=params.seed,
-        )
         outs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts],
-            sp,
+            vllm_params(params),
             use_tqdm=False,
         )
-        results: list[list[Completion]] = []
-        for out in outs:
-            comps = []
-            for c in out.outputs:
-                toks = np.asarray(c.token_ids, np.int32)
-                lps = np.asarray(
-                    [entry[int(t)].logprob for t, entry in zip(c.token_ids, c.logprobs or [])],
-                    np.float32,
-                )
-                if lps.shape != toks.shape:
-                    raise RuntimeError(
-                        f"vLLM returned {lps.shape[0]} log-probs for {toks.shape[0]} tokens"
-                    )
-                comps.append(
-                    Completion(
-                        tokens=toks,
-                        logprobs=lps,
-                        finish="length" if c.finish_reason == "length" else "stop",
-                        text=c.text,
-                    )
-                )
-            results.append(comps)
-        return results
+        return [[completion(c) for c in out.outputs] for out in outs]
+
+    def stream(self, chunk_tokens: int, reset_kv: bool = False, seed: int = 0):
+        """Continuous batching on vLLM's own scheduler (``engines/vllm_stream.py``)."""
+        from dapo_async.engines.vllm_stream import VLLMStream
+
+        self.reset_running = reset_kv
+        return VLLMStream(self, chunk_tokens)
+
+    def _reset_cache(self) -> None:
+        """After an update: no cached prefix of the old weights is reused by a new request
+        (and, with ``reset_running``, running requests recompute theirs)."""
+        self.llm.reset_prefix_cache(reset_running_requests=self.reset_running)
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         """Hand full weights (HF names) to the worker through a file, then drop cached prefixes."""
@@ -134,7 +149,7 @@ class VLLMEngine:
         counts = self.llm.collective_rpc("dapo_reload_file", args=(str(path),))
         if not counts or min(counts) == 0:
             raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
-        self.llm.reset_prefix_cache()
+        self._reset_cache()
         self.version = version
 
     # ---------------------------------------------------------------- weight sync in the worker
@@ -159,7 +174,7 @@ class VLLMEngine:
         errors = [r["error"] for r in results if "error" in r]
         if errors:
             raise WeightSyncError(errors[0])
-        self.llm.reset_prefix_cache()
+        self._reset_cache()
         self.version = int(results[0]["version"])
         return results[0]
 

@@ -85,6 +85,8 @@ class GeneratorLoop:
         }
         self.time_generating = 0.0
         self.time_idle = 0.0
+        # engine occupancy: seconds × sequence slots offered, and those doing useful work
+        self.t_slots = self.t_used = 0.0
         self._t_start = time.monotonic()
 
     # ------------------------------------------------------------------ socket
@@ -160,7 +162,7 @@ class GeneratorLoop:
     def lease(self, stop) -> protocol.LeaseGrant | None:
         """Ask for prompts; returns the grant (possibly empty) or None on timeout/stop."""
         self._grant = None
-        self._send(protocol.LeaseRequest(self.id, self.prompts_per_batch))
+        self._send(protocol.LeaseRequest(self.id, self.prompts_per_batch, self.engine.version))
         deadline = time.monotonic() + LEASE_TIMEOUT_S
         while self._grant is None and time.monotonic() < deadline and not stop:
             self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
@@ -202,6 +204,10 @@ class GeneratorLoop:
         version = self.engine.version
         outs = self.engine.generate(grant.prompts, self.params)
         t_gen = time.monotonic() - t0
+        lens = [len(c.tokens) for comps in outs for c in comps]
+        if lens:  # a batch decodes max(lens) steps for every row; the rest is padding
+            self.t_slots += t_gen
+            self.t_used += t_gen * sum(lens) / (len(lens) * max(max(lens), 1))
         items = [
             (c.text, gt, len(c.tokens))
             for comps, gt in zip(outs, grant.ground_truths)
@@ -277,6 +283,7 @@ class GeneratorLoop:
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Before exit: wait briefly for the acks of what is still in the outbox."""
+        self.counters["engine_occupancy"] = round(self.t_used / max(self.t_slots, 1e-9), 4)
         deadline = time.monotonic() + timeout_s
         if self.outbox:
             for g, _ in list(self.outbox.values()):

@@ -20,7 +20,9 @@ from dapo_async.config import load_config
 from dapo_async.engines import make_engine
 from dapo_async.engines.base import SamplingParams
 from dapo_async.generator.loop import GeneratorLoop
+from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import EngineWeightReceiver, ReconnectingReceiver
+from dapo_async.keys import run_keys_dir
 from dapo_async.reward.compose import RewardComposer
 from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
@@ -48,23 +50,28 @@ def main(args: argparse.Namespace) -> int:
 
     ctx = zmq.Context()
     sock = transport.connect_client(
-        ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None
+        ctx, zmq.DEALER, endpoint, keys_dir=run_keys_dir(cfg.launch, run_dir), role="generator"
     )
     tracker = Tracker.for_role(cfg, gen_id)
     t0 = time.monotonic()
     g = cfg.generator
-    loop = GeneratorLoop(
-        gen_id,
-        engine,
-        score,
-        sock,
-        sampling_params(cfg),
-        g.prompts_per_batch,
-        g.heartbeat_s,
+    args = (gen_id, engine, score, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
+    kwargs = dict(
         poll_weights=weights.poll,
         on_metrics=lambda m: tracker.track(m, int((time.monotonic() - t0) * 10)),
         engine_name=g.engine,
     )
+    if g.mode == "stream":
+        stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
+        loop = StreamLoop(
+            *args,
+            stream=stream,
+            inflight_target=g.inflight_target,
+            inflight_updates=g.inflight_updates,
+            **kwargs,
+        )
+    else:
+        loop = GeneratorLoop(*args, **kwargs)
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)
     try:
         counters = loop.run(stop)

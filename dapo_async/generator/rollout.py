@@ -19,7 +19,8 @@ def make_group(
     version: int,
     gen_time_s: float = 0.0,
 ) -> Group:
-    """One group; every token is tagged with ``version`` (the weights that produced it)."""
+    """One group; every token is tagged with the version of the weights that sampled it: the
+    completion's own per-token versions (streaming engines) or ``version``."""
     lens = np.array([len(c.tokens) for c in completions], dtype=np.int32)
     tokens = (
         np.concatenate([c.tokens for c in completions]).astype(np.int32)
@@ -39,7 +40,7 @@ def make_group(
         response_lens=lens,
         tokens=tokens,
         logprobs=np.minimum(logps, 0.0),
-        versions=np.full(tokens.shape[0], version, dtype=np.int32),
+        versions=_versions(completions, version, tokens.shape[0]),
         rewards=np.array([s.reward for s in scored], dtype=np.float32),
         acc=np.array([s.acc for s in scored], dtype=np.float32),
         components=np.array([s.components for s in scored], dtype=np.float32).reshape(
@@ -48,3 +49,9 @@ def make_group(
         finish=np.array([FINISH_REASONS[c.finish] for c in completions], dtype=np.uint8),
         gen_time_s=gen_time_s,
     )
+
+
+def _versions(completions: list[Completion], version: int, num_tokens: int) -> np.ndarray:
+    if completions and all(c.versions is not None for c in completions):
+        return np.concatenate([c.versions for c in completions]).astype(np.int32)
+    return np.full(num_tokens, version, dtype=np.int32)

@@ -1,15 +1,16 @@
 """`dapo-async train CONFIG [overrides]`: every role on one machine, supervised.
 
-    launcher ─┬─ buffer           (1 process)
-              ├─ learner          (1 process, or torchrun with learner.num_ranks ranks)
+    launcher ─┬─ buffer           (1 process; restarted from its write-ahead log)
+              ├─ learner          (1 process, or torchrun with learner.num_ranks ranks;
+              │                    restarted from its latest checkpoint)
               └─ generator × N    (restarted if they die and launch.allow_generator_restarts)
 
 Order: resolve config and run directory → build the tiny model if needed → start the buffer
 (its endpoint file appears) → learner → generators → supervise (status line every second) →
 when the learner finishes: SIGTERM to the rest, SIGKILL after launch.shutdown_timeout_s → summary.
 Each child leads its own process group, so stopping a role stops everything it started.
-A role that dies (other than a restartable generator) ends the run with its log tail and exit 1;
-Ctrl-C stops everything and exits 130.
+A role that dies is restarted with backoff (``launch/supervisor.py``); one that cannot come back
+ends the run with its log tail and exit 1. Ctrl-C stops everything and exits 130.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -27,66 +27,12 @@ from pathlib import Path
 from dapo_async.checkpoint_dirs import latest
 from dapo_async.config import load_config, save_resolved
 from dapo_async.data.tasks import parse_source
+from dapo_async.keys import generate_keys, run_keys_dir
+from dapo_async.launch.supervisor import Role, Supervisor, stop_all
 from dapo_async.roles import LAUNCHER_PID_ENV
 from dapo_async.tiny.build import WarmStartError, build
 from dapo_async.tracking import read_metrics
 from dapo_async.utils import free_port
-
-# Supervision tick; also the status line period.
-TICK_S = 1.0
-# Without a terminal (logs, CI, benches) the status line is printed as a new line this often.
-LOG_STATUS_EVERY_S = 10.0
-# Lines of a failed role's log shown to the user.
-LOG_TAIL_LINES = 30
-# A generator that keeps dying is a bug, not bad luck: stop the run after this many restarts.
-MAX_GENERATOR_RESTARTS = 5
-
-
-class Role:
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict):
-        self.name = name
-        self.cmd = cmd
-        self.log_path = log_path
-        self.env = env
-        self.proc: subprocess.Popen | None = None
-        self.restarts = 0
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,
-        )
-        log.close()
-
-    def poll(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def kill_group(self) -> None:
-        """SIGKILL the whole process group (also children that outlived the leader)."""
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def tail(self, n: int = LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
 
 
 def _cli(*args: str) -> list[str]:
@@ -97,47 +43,6 @@ def _new_run_dir(cfg) -> Path:
     if cfg.run_dir:
         return Path(cfg.run_dir)
     return Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def stop_all(roles: list[Role], timeout_s: float) -> None:
-    for r in roles:
-        r.signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(r.poll() is None for r in roles):
-        time.sleep(0.1)
-    for r in roles:
-        r.kill_group()
-        if r.proc is not None:
-            try:
-                r.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-def _wait_for_endpoint(run_dir: Path, name: str, role: Role, interrupted: list) -> None:
-    """Block until ``role`` publishes endpoint ``name``; fail if it dies first."""
-    while not (run_dir / "endpoints" / name).exists():
-        if role.poll() is not None:
-            raise RuntimeError(
-                f"{role.name} exited with {role.poll()} before serving {name}:\n{role.tail()}"
-            )
-        if interrupted:
-            raise KeyboardInterrupt
-        time.sleep(0.1)
-
-
-def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
-    rows = [r for r in read_metrics(run_dir, "learner") if "rollout/reward_mean" in r]
-    if not rows:
-        return f"[train {time.monotonic() - t0:5.0f}s] waiting for the first step…"
-    m = rows[-1]
-    return (
-        f"[train {time.monotonic() - t0:5.0f}s] step {int(m['step'])}/{num_steps} "
-        f"sampled-acc {m.get('rollout/sampled_accuracy', float('nan')):.3f} "
-        f"trained-acc {m['rollout/trained_accuracy']:.3f} "
-        f"len {m['rollout/response_len_mean']:.1f} stale {m['staleness/mean']:.2f} "
-        f"samples/s {m.get('learner/samples_per_s', 0):.1f} learner-idle {m.get('learner/idle_ratio', 0):.2f}"
-    )
 
 
 def build_tiny_policy(cfg) -> dict:
@@ -170,11 +75,31 @@ def prepare_run(cfg):
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()
+    keys_dir = run_keys_dir(cfg.launch, run_dir)
+    if keys_dir is not None and not cfg.launch.curve_keys_dir:
+        generate_keys(keys_dir)  # this run's own CurveZMQ keys, before any role starts
     return cfg, run_dir, save_resolved(cfg, run_dir)
 
 
+def learner_command(cfg, cfg_path: Path, resume: bool) -> list[str]:
+    """The learner (under torchrun with learner.num_ranks > 1, on a fresh port each time)."""
+    cmd = _cli("learner", str(cfg_path))
+    if cfg.learner.num_ranks > 1:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={cfg.learner.num_ranks}",
+            f"--master_port={free_port('127.0.0.1')}",
+            *cmd[1:],
+        ]
+    return [*cmd, "--resume"] if resume else cmd
+
+
 def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, Role, list[Role]]:
-    """(buffer, learner, generators), not started; each logs to ``run_dir/logs/<name>.log``."""
+    """(buffer, learner, generators), not started; each logs to ``run_dir/logs/<name>.log``.
+    Which may restart, and how, is the launch config's (see ``launch/supervisor.py``)."""
     logs = run_dir / "logs"
     env = dict(
         os.environ,
@@ -182,99 +107,40 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
         PYTHONUNBUFFERED="1",
         **{LAUNCHER_PID_ENV: str(os.getpid())},
     )
-    buffer = Role("buffer", _cli("buffer", str(cfg_path)), logs / "buffer.log", env)
-    learner_cmd = _cli("learner", str(cfg_path))
-    if cfg.learner.num_ranks > 1:
-        learner_cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={cfg.learner.num_ranks}",
-            f"--master_port={free_port('127.0.0.1')}",
-            *learner_cmd[1:],
-        ]
-    if resume:
-        learner_cmd.append("--resume")
-    learner = Role("learner", learner_cmd, logs / "learner.log", env)
+    lc = cfg.launch
+
+    def resume_learner(role: Role) -> None:
+        # from the latest checkpoint (or the start, publishing either way); generators must
+        # not connect to the dead learner's weight-sync store
+        (run_dir / "endpoints" / "wsync").unlink(missing_ok=True)
+        role.cmd = learner_command(cfg, cfg_path, resume=True)
+
+    buffer = Role(
+        "buffer",
+        _cli("buffer", str(cfg_path)),
+        logs / "buffer.log",
+        env,
+        restartable=lc.restart_roles and cfg.buffer.wal,
+    )
+    learner = Role(
+        "learner",
+        learner_command(cfg, cfg_path, resume),
+        logs / "learner.log",
+        env,
+        restartable=lc.restart_roles,
+        prepare=resume_learner,
+    )
     gens = [
         Role(
             f"gen{i}",
             _cli("generator", str(cfg_path), "--id", f"gen{i}"),
             logs / f"gen{i}.log",
             env,
+            restartable=lc.allow_generator_restarts,
         )
         for i in range(cfg.generator.num_generators)
     ]
     return buffer, learner, gens
-
-
-class Supervisor:
-    """Starts the roles in order and watches them until the learner finishes (see the module
-    docstring); ``interrupted`` collects SIGINT/SIGTERM from the signal handlers."""
-
-    def __init__(self, cfg, run_dir: Path, buffer: Role, learner: Role, gens: list[Role]):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.buffer, self.learner, self.gens = buffer, learner, gens
-        self.interrupted: list[int] = []
-        self.t0 = time.monotonic()
-        self.last_status = self.last_logged = 0.0
-
-    def start(self) -> None:
-        self.buffer.start()
-        _wait_for_endpoint(self.run_dir, "buffer", self.buffer, self.interrupted)
-        self.learner.start()
-        if self.cfg.weight_sync.mode == "dist":
-            _wait_for_endpoint(self.run_dir, "wsync", self.learner, self.interrupted)
-        for g in self.gens:
-            g.start()
-
-    def watch(self) -> None:
-        """Until the learner exits 0; raises RuntimeError when a role fails for good and
-        KeyboardInterrupt on a signal."""
-        while True:
-            if self.interrupted:
-                raise KeyboardInterrupt
-            code = self.learner.poll()
-            if code is not None:
-                if code != 0:
-                    raise RuntimeError(f"learner exited with {code}:\n{self.learner.tail()}")
-                break
-            if self.buffer.poll() is not None:
-                raise RuntimeError(
-                    f"buffer exited with {self.buffer.poll()}:\n{self.buffer.tail()}"
-                )
-            for g in self.gens:
-                if g.poll() is not None:
-                    self._restart(g)
-            self._status()
-            time.sleep(0.2)
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-
-    def _restart(self, g: Role) -> None:
-        if not self.cfg.launch.allow_generator_restarts:
-            raise RuntimeError(f"{g.name} exited with {g.poll()}:\n{g.tail()}")
-        if g.restarts >= MAX_GENERATOR_RESTARTS:
-            raise RuntimeError(f"{g.name} died {g.restarts + 1} times; giving up:\n{g.tail()}")
-        g.restarts += 1
-        print(
-            f"[train] {g.name} exited with {g.poll()}; restarting (restart {g.restarts})",
-            file=sys.stderr,
-        )
-        g.start()
-
-    def _status(self) -> None:
-        now = time.monotonic()
-        if now - self.last_status < TICK_S:
-            return
-        self.last_status = now
-        line = status_line(self.run_dir, self.t0, self.cfg.learner.num_steps)
-        if sys.stderr.isatty():
-            print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
-        elif now - self.last_logged >= LOG_STATUS_EVERY_S:
-            self.last_logged = now
-            print(line, file=sys.stderr, flush=True)
 
 
 def check_paths(cfg) -> None:

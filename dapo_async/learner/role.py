@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from dapo_async import checkpoint_dirs, protocol, transport
 from dapo_async.data.datasets import load_source
 from dapo_async.evaluation import evaluate_records
+from dapo_async.keys import run_keys_dir
 from dapo_async.learner import checkpoint
 from dapo_async.learner.fetch import fetch_batch
 from dapo_async.learner.parallel import Parallel
@@ -67,6 +68,9 @@ class Learner:
         self.cfg, self.rank, self.world, self.log, self.stop = cfg, rank, world, log, stop
         self.run_dir = cfg.resolved_run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
+        # a resumed (or restarted) learner: from the latest checkpoint, or from the start when
+        # it died before the first one; either way it publishes before its first step
+        self.resume = resume
         self.resume_from = checkpoint_dirs.latest(self.ckpt_root) if resume else None
         self.tracker = self.publisher = None
         self.eval_records: list = []
@@ -87,7 +91,11 @@ class Learner:
         )
         self.ctx = zmq.Context()
         self.sock = transport.connect_client(
-            self.ctx, zmq.DEALER, endpoint, keys_dir=cfg.launch.curve_keys_dir or None
+            self.ctx,
+            zmq.DEALER,
+            endpoint,
+            keys_dir=run_keys_dir(cfg.launch, self.run_dir),
+            role="learner",
         )
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
@@ -121,6 +129,8 @@ class Learner:
         """Rank 0 of a fresh run, before sharding: the plain model evaluates alone."""
         if self.rank != 0 or self.resume_from is not None:
             return
+        if self.resume and (self.run_dir / "eval_before.json").exists():
+            return  # restarted before its first checkpoint: the same initial policy
         ev = evaluate_records(self.model, self.tokenizer, self.cfg, self.eval_records)
         self.tracker.track(ev, 0)
         self.log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
@@ -146,8 +156,9 @@ class Learner:
 
     def publish_resumed(self) -> None:
         """After a resume, send the checkpoint's weights before the first step: generators
-        start from the initial weights, and the buffer asks for recent versions."""
-        if self.resume_from is not None:
+        start from the initial weights (or still hold the weights of the learner that died,
+        which the resumed run no longer has), and the buffer asks for recent versions."""
+        if self.resume:
             self.publish(need_full=False)
             self.log.info("published the resumed weights (v%d)", self.trainer.version)
 

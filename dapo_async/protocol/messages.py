@@ -67,11 +67,13 @@ class Heartbeat(Message):
 
 @dataclass
 class LeaseRequest(Message):
-    """Generator → buffer: ask for up to ``num_prompts`` prompts."""
+    """Generator → buffer: ask for up to ``num_prompts`` prompts; ``version``: the weights the
+    generator holds now (its groups' oldest tokens will be at least that recent)."""
 
     KIND: ClassVar[str] = "lease_request"
     generator_id: str
     num_prompts: int
+    version: int = 0
 
 
 @dataclass

@@ -14,11 +14,11 @@ from dapo_async import transport as T
 NAMES = ["correct", "overlong"]
 
 
-def fake_generator(endpoint, gen_id, out_path, stop_path, seed):
+def fake_generator(endpoint, gen_id, out_path, stop_path, seed, keys_dir=None):
     """Lease, make groups with random accuracy, send, resend until acked; log what was acked."""
     rng = random.Random(seed)
     ctx = zmq.Context()
-    sock = T.connect_client(ctx, zmq.DEALER, endpoint)
+    sock = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys_dir, role="generator")
     acked, outbox, seq, version = {}, {}, 0, 0
     T.send(sock, P.Hello(gen_id, 0, "fake"))
     last_send = 0.0
@@ -81,10 +81,10 @@ def fake_generator(endpoint, gen_id, out_path, stop_path, seed):
     ctx.term()
 
 
-def fake_learner(endpoint, rank, world, num_steps, out_path, start_step=0):
+def fake_learner(endpoint, rank, world, num_steps, out_path, start_step=0, keys_dir=None):
     """Request every step's shard; record the group ids received per step."""
     ctx = zmq.Context()
-    sock = T.connect_client(ctx, zmq.DEALER, endpoint)
+    sock = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys_dir, role="learner")
     got = {}
     for step in range(start_step, num_steps):
         while True:

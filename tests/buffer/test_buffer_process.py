@@ -76,18 +76,21 @@ def stop_buffer(proc):
 
 
 def run_fakes(endpoint, tmp_path, num_gens, world, num_steps, start_step=0, during=None):
+    """Fake generators and learner ranks with the run's keys (``<tmp_path>/run/keys``)."""
+    keys = tmp_path / "run" / "keys"
     stop = tmp_path / "stop"
     stop.unlink(missing_ok=True)
     gens = [
         SPAWN.Process(
-            target=fake_generator, args=(endpoint, f"fake{i}", tmp_path / f"gen{i}.json", stop, i)
+            target=fake_generator,
+            args=(endpoint, f"fake{i}", tmp_path / f"gen{i}.json", stop, i, keys),
         )
         for i in range(num_gens)
     ]
     learners = [
         SPAWN.Process(
             target=fake_learner,
-            args=(endpoint, r, world, num_steps, tmp_path / f"learner{r}.json", start_step),
+            args=(endpoint, r, world, num_steps, tmp_path / f"learner{r}.json", start_step, keys),
         )
         for r in range(world)
     ]
@@ -178,8 +181,10 @@ def test_fuzz_10k_malformed_messages(tmp_path, tokenizer_dir, repo, cli_env):
     try:
         endpoint = wait_endpoint(run, buf)
         ctx = zmq.Context()
-        bad = T.connect_client(ctx, zmq.DEALER, endpoint)
-        good = T.connect_client(ctx, zmq.DEALER, endpoint)
+        # an authenticated but broken peer: without the run's keys nothing would get through
+        keys = run / "keys"
+        bad = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="generator")
+        good = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="generator")
         rng = random.Random(0)
         valid = [bytes(f) for f in P.encode(P.Hello("g", 1, "hf"))]
         sent_ok = 0
@@ -229,7 +234,7 @@ def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
     try:
         endpoint = wait_endpoint(run, buf)
         ctx = zmq.Context()
-        sock = T.connect_client(ctx, zmq.DEALER, endpoint)
+        sock = T.connect_client(ctx, zmq.DEALER, endpoint, run / "keys", role="generator")
         assert isinstance(T.request(sock, P.Hello("g", 1, "hf"), timeout_s=10), P.Ack)
         grant = T.request(sock, P.LeaseRequest("g", 1), timeout_s=10)
         (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
@@ -265,3 +270,46 @@ def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["counters"]["rejected"] == {"token_range": 1}
     assert final["counters"]["produced"] == 1 and final["stored"] == 1
+
+
+def test_buffer_authenticates_every_client_and_each_role_sends_only_its_messages(
+    tmp_path, tokenizer_dir, repo, cli_env
+):
+    """By default the buffer makes the run's CurveZMQ keys (secrets 0600): a local client without
+    them, or with keys of another run, gets no answer and changes nothing; a generator's key
+    cannot send the learner's messages (a forged checkpoint notice would wedge the run); the
+    learner's key can."""
+    cfg_path, run = write_config(tmp_path, tokenizer_dir)
+    buf = start_buffer(cfg_path, repo, cli_env)
+    keys = run / "keys"
+    other = tmp_path / "other-keys"
+    ctx = zmq.Context()
+    try:
+        endpoint = wait_endpoint(run, buf)
+        T.generate_keys(other)  # another run's keys; the intruder knows our server's public key
+        (other / "server.key").write_bytes((keys / "server.key").read_bytes())
+        assert (keys / "generator.key_secret").stat().st_mode & 0o777 == 0o600
+        assert keys.stat().st_mode & 0o777 == 0o700
+        for stranger in (
+            T.connect_client(ctx, zmq.DEALER, endpoint),
+            T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=other, role="generator"),
+        ):
+            with pytest.raises(T.RecvTimeout):
+                T.request(stranger, P.Hello("intruder", 1, "hf"), timeout_s=2)
+            stranger.close(linger=0)
+        gen = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="generator")
+        assert isinstance(T.request(gen, P.Hello("g", 1, "hf"), timeout_s=10), P.Ack)
+        T.send(gen, P.CheckpointNotice(10**9, "forged"))
+        with pytest.raises(T.RecvTimeout):
+            T.request(gen, P.BatchRequest(0, 1, 0), timeout_s=2)
+        learner = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="learner")
+        reply = T.request(learner, P.BatchRequest(0, 1, 0), timeout_s=10)
+        assert isinstance(reply, P.Batch) and reply.step == 0  # not refused as checkpointed
+        for s in (gen, learner):
+            s.close(linger=0)
+    finally:
+        ctx.term()
+        stop_buffer(buf)
+    final = json.loads((run / "buffer_final.json").read_text())
+    assert final["malformed"] == {"forbidden_checkpoint_notice": 1, "forbidden_batch_request": 1}
+    assert "intruder" not in buffer_log(cfg_path)

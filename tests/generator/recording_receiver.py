@@ -2,7 +2,7 @@
 every group id it receives (appended and fsynced before the ack, so a SIGKILL loses nothing it
 acknowledged), acks it, and exits when the file STOP exists.
 
-    python recording_receiver.py PORT PROMPTS.json RECORD.txt STOP
+    python recording_receiver.py PORT PROMPTS.json RECORD.txt STOP KEYS_DIR
 """
 
 import json
@@ -17,10 +17,10 @@ from dapo_async import transport as T
 
 
 def main() -> None:
-    port, prompts_file, record, stop = sys.argv[1:5]
+    port, prompts_file, record, stop, keys = sys.argv[1:6]
     prompts = json.loads(Path(prompts_file).read_text())  # [[tokens, ground truth], ...]
     ctx = zmq.Context()
-    server = T.bind_server(ctx, zmq.ROUTER, "127.0.0.1", int(port))
+    server = T.bind_server(ctx, zmq.ROUTER, "127.0.0.1", int(port), keys_dir=keys)
     sock = server.socket
     out = open(record, "a")
     next_prompt = 0

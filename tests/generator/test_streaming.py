@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dapo_async import transport as T
 from dapo_async.utils import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -58,6 +59,8 @@ def test_receiver_killed_mid_stream_loses_nothing(tiny_model, tmp_path, repo, cl
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     record, stop = tmp_path / "record.txt", tmp_path / "stop"
+    keys = tmp_path / "run" / "keys"  # the run's keys, as `dapo-async train` makes them
+    T.generate_keys(keys)
 
     def start_receiver():
         return subprocess.Popen(
@@ -68,6 +71,7 @@ def test_receiver_killed_mid_stream_loses_nothing(tiny_model, tmp_path, repo, cl
                 str(tmp_path / "prompts.json"),
                 str(record),
                 str(stop),
+                str(keys),
             ],
             cwd=repo,
             env=cli_env,

@@ -51,10 +51,11 @@ def main() -> None:
     ap.add_argument("--max-groups", type=int, required=True)
     ap.add_argument("--go", required=True)
     ap.add_argument("--stop", required=True)
+    ap.add_argument("--keys", default=None, help="the run's CurveZMQ keys directory")
     a = ap.parse_args()
     gen_id = "scripted"
     ctx = zmq.Context()
-    sock = T.connect_client(ctx, zmq.DEALER, a.endpoint)
+    sock = T.connect_client(ctx, zmq.DEALER, a.endpoint, keys_dir=a.keys, role="generator")
     T.send(sock, P.Hello(gen_id, 0, "scripted"))
     outbox: dict[int, P.Group] = {}
     seq = 0

@@ -110,6 +110,8 @@ def run_job(tmp: Path, tiny_model, repo, env, kill_after_step: int | None) -> Pa
                 str(go),
                 "--stop",
                 str(stop),
+                "--keys",
+                str(run / "keys"),
             ],
         )
         ps.start("learner", cli("learner", cfg))

@@ -1,0 +1,106 @@
+"""The rollout side of the config: how generators sample (batch or stream mode, engines) and
+how responses are rewarded. Part of the tree ``schema.RunConfig`` roots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dapo_async.config.fields import F, _choice, _need
+
+
+@dataclass
+class GeneratorConfig:
+    engine: str = F("hf", "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).")
+    num_generators: int = F(1, "Generator processes started by `dapo-async train`.")
+    responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).")
+    prompts_per_batch: int = F(8, "Prompts a generator leases and samples in one engine call.")
+    temperature: float = F(1.0, "Sampling temperature (DAPO trains at 1.0).")
+    top_p: float = F(1.0, "Nucleus sampling mass.")
+    top_k: int = F(-1, "Top-k sampling; -1 = off.")
+    max_tokens: int = F(24, "Maximum response length in tokens.")
+    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.")
+    eval_top_p: float = F(1.0, "top_p for held-out evaluation.")
+    logprobs_mode: str = F(
+        "processed", "Behaviour log-probs: processed (after temperature/top-p) | raw."
+    )
+    max_model_len: int = F(256, "vLLM: maximum sequence length.")
+    cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
+    tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
+    heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.")
+    mode: str = F(
+        "batch",
+        "batch (lease prompts_per_batch prompts, generate them all, send, repeat) or stream "
+        "(keep max_inflight sequences decoding, send each group the moment its G responses "
+        "finish and lease a new prompt in its place: no batch barrier).",
+    )
+    max_inflight: int = F(
+        0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt."
+    )
+    inflight_updates: bool = F(
+        True,
+        "stream: take new weights between decode chunks, mid-response (every token carries "
+        "its version); false: only when nothing is in flight.",
+    )
+    reset_kv_on_update: bool = F(
+        False,
+        "stream: recompute the KV cache of sequences in flight after a weight update (exact "
+        "per-version log-probs); false keeps the cache the old weights built (PipelineRL's "
+        "finding: costs almost nothing).",
+    )
+    update_interval_tokens: int = F(
+        8, "stream, hf engine: decode steps per chunk (new weights and new prompts between)."
+    )
+
+    @property
+    def inflight_target(self) -> int:
+        """Sequences a stream-mode generator keeps in flight."""
+        return self.max_inflight or self.prompts_per_batch * self.responses_per_prompt
+
+    def check(self, p: str) -> None:
+        _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
+        _choice(self.mode, ("batch", "stream"), f"{p}.mode")
+        _need(self.max_inflight >= 0, f"{p}.max_inflight", "must be >= 0")
+        _need(self.update_interval_tokens >= 1, f"{p}.update_interval_tokens", "must be >= 1")
+        _need(
+            self.mode == "batch" or self.inflight_target >= self.responses_per_prompt,
+            f"{p}.max_inflight",
+            "must be 0 or >= responses_per_prompt (one whole group)",
+        )
+        _choice(self.logprobs_mode, ("processed", "raw"), f"{p}.logprobs_mode")
+        _need(self.num_generators >= 1, f"{p}.num_generators", "must be >= 1")
+        _need(self.responses_per_prompt >= 2, f"{p}.responses_per_prompt", "must be >= 2 (groups)")
+        _need(self.prompts_per_batch >= 1, f"{p}.prompts_per_batch", "must be >= 1")
+        _need(self.temperature > 0, f"{p}.temperature", "must be > 0")
+        _need(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
+        _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
+        _need(self.max_tokens >= 1, f"{p}.max_tokens", "must be >= 1")
+        _need(self.eval_temperature >= 0, f"{p}.eval_temperature", "must be >= 0")
+        _need(0 < self.eval_top_p <= 1, f"{p}.eval_top_p", "must be in (0, 1]")
+        _need(self.heartbeat_s > 0, f"{p}.heartbeat_s", "must be > 0")
+
+
+@dataclass
+class RewardConfig:
+    fn: str = F(
+        "dapo_math",
+        "Reward function: dapo_math | boxed | `package.module:function` (custom).",
+    )
+    overlong_shaping: bool = F(True, "Add DAPO's soft overlong punishment to the reward.")
+    overlong_max_len: int = F(24, "L_max of the overlong punishment (tokens).")
+    overlong_cache_len: int = F(6, "L_cache of the overlong punishment (tokens).")
+    timeout_s: float = F(
+        5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
+    )
+    num_workers: int = F(1, "Isolated reward worker processes per generator.")
+
+    def check(self, p: str) -> None:
+        _need(self.fn != "", f"{p}.fn", "must not be empty")
+        _need(self.overlong_max_len > 0, f"{p}.overlong_max_len", "must be > 0")
+        _need(
+            0 < self.overlong_cache_len < self.overlong_max_len,
+            f"{p}.overlong_cache_len",
+            "must be in (0, overlong_max_len)",
+        )
+        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
+        _need(self.num_workers >= 1, f"{p}.num_workers", "must be >= 1")

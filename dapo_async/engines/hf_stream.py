@@ -1,0 +1,219 @@
+"""Continuous batching for the ``hf`` engine: sequences join and leave a running batch, and new
+weights are taken between chunks of ``chunk_tokens`` decode steps.
+
+    add_request(id, prompt, params) ─► pending
+    step():  pending? prefill them, merge into the batch's KV cache (left-padded)
+             new weights and reset_kv? recompute the whole batch's KV with them
+             decode chunk_tokens tokens for every sequence (one forward per token)
+             finished sequences leave the batch (their cache rows are dropped);
+             a request whose n sequences are all finished is returned
+
+Every token carries the version of the weights whose logits it was sampled from, so one
+response may span several versions (an update between chunks). With ``reset_kv`` the cache is
+recomputed after an update (a token's log-prob is then exactly its version's); otherwise the
+cache built by the old weights is kept, as vLLM's in-flight updates do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dapo_async.engines.base import Completion, SamplingParams
+from dapo_async.engines.sampling import sample
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: str = ""
+    logits_version: int = -1  # weights that computed this row's next-token logits
+
+
+class HFStream:
+    """The running batch over an ``HFEngine``'s model (see the module docstring)."""
+
+    def __init__(self, engine, chunk_tokens: int, reset_kv: bool = False, seed: int = 0):
+        self.engine = engine
+        self.chunk_tokens = chunk_tokens
+        self.reset_kv = reset_kv
+        self.generator = torch.Generator().manual_seed(seed)
+        self.params: SamplingParams | None = None
+        self.pending: list[_Seq] = []
+        self.active: list[_Seq] = []
+        self.requests: dict[str, list[_Seq]] = {}
+        self.cache = None
+        self.mask_BT: torch.Tensor | None = None  # 1 for real slots of each row's cache
+        self.logits_BV: torch.Tensor | None = None  # next-token logits of each active row
+        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "kv_recomputes": 0}
+
+    @property
+    def num_inflight(self) -> int:
+        """Sequences admitted and not finished (pending ones included)."""
+        return len(self.active) + len(self.pending)
+
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        if self.params is None:
+            self.params = params
+        elif params != self.params:
+            raise ValueError("all requests of one stream share its sampling parameters")
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        seqs = [_Seq(request_id, list(map(int, prompt))) for _ in range(params.n)]
+        self.requests[request_id] = seqs
+        self.pending.extend(seqs)
+
+    # ------------------------------------------------------------------ cache
+
+    def _prefill(self, seqs: list[_Seq]):
+        """(cache, mask_BT, last logits) of ``seqs`` over their prompt and tokens so far."""
+        rows = [s.prompt + s.tokens for s in seqs]
+        width = max(len(r) for r in rows)
+        ids_BT = torch.full((len(rows), width), self.engine.pad_id, dtype=torch.long)
+        mask_BT = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding
+            ids_BT[i, width - len(r) :] = torch.tensor(r)
+            mask_BT[i, width - len(r) :] = 1
+        pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
+        out = self.engine.model(
+            input_ids=ids_BT.to(self.engine.device),
+            attention_mask=mask_BT.to(self.engine.device),
+            position_ids=pos_BT.to(self.engine.device),
+            use_cache=True,
+        )
+        self.stats["prefill_tokens"] += int(mask_BT.sum())
+        return out.past_key_values, mask_BT, out.logits[:, -1].float()
+
+    def _merge(self, cache, mask_BT, logits_BV) -> None:
+        """Append a prefilled batch to the running one, left-padding the shorter in time."""
+        old_T, new_T = self.mask_BT.shape[1], mask_BT.shape[1]
+        width = max(old_T, new_T)
+        for old_layer, new_layer in zip(self.cache.layers, cache.layers):
+            for name in ("keys", "values"):
+                a, b = getattr(old_layer, name), getattr(new_layer, name)
+                a = torch.nn.functional.pad(a, (0, 0, width - old_T, 0))
+                b = torch.nn.functional.pad(b, (0, 0, width - new_T, 0))
+                setattr(old_layer, name, torch.cat([a, b], dim=0))
+        self.mask_BT = torch.cat(
+            [
+                torch.nn.functional.pad(self.mask_BT, (width - old_T, 0)),
+                torch.nn.functional.pad(mask_BT, (width - new_T, 0)),
+            ]
+        )
+        self.logits_BV = torch.cat([self.logits_BV, logits_BV])
+
+    def _admit(self) -> None:
+        """Bring pending sequences into the batch; after an update with ``reset_kv``, recompute
+        every row's cache with the new weights."""
+        version = self.engine.version
+        outdated = any(s.logits_version != version for s in self.active)
+        if not self.active or (outdated and self.reset_kv):
+            self.stats["kv_recomputes"] += int(bool(self.active))
+            self.active += self.pending
+            self.pending = []
+            self.cache, self.mask_BT, self.logits_BV = self._prefill(self.active)
+            for s in self.active:
+                s.logits_version = version
+        elif self.pending:
+            cache, mask_BT, logits_BV = self._prefill(self.pending)
+            self._merge(cache, mask_BT, logits_BV)
+            for s in self.pending:
+                s.logits_version = version
+            self.active += self.pending
+            self.pending = []
+
+    # ------------------------------------------------------------------ decode
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[str, list[Completion]]]:
+        """Decode up to ``chunk_tokens`` tokens for every sequence; the requests finished."""
+        if not self.active and not self.pending:
+            return []
+        self._admit()
+        params, eos = self.params, self.engine.eos_id
+        for _ in range(self.chunk_tokens):
+            token_B, logp_B = sample(self.logits_BV, params, self.generator)
+            live = False
+            for s, t, lp in zip(self.active, token_B.tolist(), logp_B.tolist()):
+                if s.finish:
+                    continue
+                s.tokens.append(t)
+                s.logprobs.append(min(lp, 0.0))
+                s.versions.append(s.logits_version)
+                if t == eos:
+                    s.finish = "stop"
+                elif len(s.tokens) >= params.max_tokens:
+                    s.finish = "length"
+                else:
+                    live = True
+            if not live:
+                break
+            self._forward(token_B)
+        return self._retire()
+
+    def _forward(self, token_B: torch.Tensor) -> None:
+        ones_B1 = torch.ones((len(self.active), 1), dtype=torch.long)
+        self.mask_BT = torch.cat([self.mask_BT, ones_B1], dim=1)
+        pos_B1 = self.mask_BT.sum(-1, keepdim=True) - 1
+        dev = self.engine.device
+        out = self.engine.model(
+            input_ids=token_B[:, None].to(dev),
+            attention_mask=self.mask_BT.to(dev),
+            position_ids=pos_B1.to(dev),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        self.logits_BV = out.logits[:, -1].float()
+        for s in self.active:
+            s.logits_version = self.engine.version
+        self.stats["decode_steps"] += 1
+
+    def _trim(self) -> None:
+        """Drop cache columns that are padding in every row (left by sequences that left):
+        without this the cache only ever grows and each step attends over more of it."""
+        if self.mask_BT is None:
+            return
+        used_T = self.mask_BT.any(0).nonzero()
+        start = int(used_T[0]) if len(used_T) else 0
+        if start == 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, start:]
+            layer.values = layer.values[:, :, start:]
+        self.mask_BT = self.mask_BT[:, start:]
+
+    def _retire(self) -> list[tuple[str, list[Completion]]]:
+        keep = [i for i, s in enumerate(self.active) if not s.finish]
+        if len(keep) < len(self.active):
+            if keep:
+                idx = torch.tensor(keep)
+                self.cache.batch_select_indices(idx.to(self.engine.device))
+                self.mask_BT = self.mask_BT[idx]
+                self.logits_BV = self.logits_BV[idx]
+            else:
+                self.cache = self.mask_BT = self.logits_BV = None
+            self.active = [self.active[i] for i in keep]
+            self._trim()
+        done = []
+        for rid, seqs in list(self.requests.items()):
+            if all(s.finish for s in seqs):
+                del self.requests[rid]
+                done.append((rid, [self._completion(s) for s in seqs]))
+        return done
+
+    def _completion(self, s: _Seq) -> Completion:
+        toks = np.asarray(s.tokens, np.int32)
+        return Completion(
+            tokens=toks,
+            logprobs=np.asarray(s.logprobs, np.float32),
+            finish=s.finish,
+            text=self.engine.tokenizer.decode(toks, skip_special_tokens=True),
+            versions=np.asarray(s.versions, np.int32),
+        )

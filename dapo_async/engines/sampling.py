@@ -1,0 +1,47 @@
+"""Token sampling for engines that decode step by step (the hf streaming decoder): temperature,
+top-k and top-p as transformers applies them, and the log-prob of each sampled token under the
+distribution ``logprobs_mode`` names (``processed``: what was sampled from; ``raw``: the model's).
+
+Pure tensor math, no model: ``sample(logits_BV, params, generator) -> (token_B, logp_B)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dapo_async.engines.base import SamplingParams
+
+
+def processed_logits(logits_BV: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The logits sampling draws from: divided by the temperature, then everything outside the
+    top-k and outside the top-p nucleus set to -inf (greedy: the logits unchanged)."""
+    if params.temperature == 0:
+        return logits_BV
+    out_BV = logits_BV / params.temperature
+    if params.top_k > 0 and params.top_k < out_BV.shape[-1]:
+        kth_B1 = torch.topk(out_BV, params.top_k, dim=-1).values[:, -1:]
+        out_BV = out_BV.masked_fill(out_BV < kth_B1, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_BV, order_BV = torch.sort(out_BV, descending=True, dim=-1)
+        cum_BV = torch.softmax(sorted_BV, -1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p (the first always stays)
+        drop_sorted_BV = (cum_BV - torch.softmax(sorted_BV, -1)) >= params.top_p
+        drop_BV = torch.zeros_like(drop_sorted_BV).scatter(-1, order_BV, drop_sorted_BV)
+        out_BV = out_BV.masked_fill(drop_BV, float("-inf"))
+    return out_BV
+
+
+def sample(
+    logits_BV: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sampled token ids [B], their log-probs [B] under ``params.logprobs_mode``)."""
+    logits_BV = logits_BV.float()
+    proc_BV = processed_logits(logits_BV, params)
+    if params.temperature == 0:
+        token_B = proc_BV.argmax(-1)
+    else:
+        probs_BV = torch.softmax(proc_BV, -1)
+        token_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+    scored_BV = proc_BV if params.logprobs_mode == "processed" else logits_BV
+    logp_B = torch.log_softmax(scored_BV, -1).gather(-1, token_B[:, None]).squeeze(-1)
+    return token_B, logp_B

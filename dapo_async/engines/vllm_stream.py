@@ -1,0 +1,68 @@
+"""Continuous batching on vLLM (GPU or CPU build): requests join vLLM's running batch at once
+and new weights are loaded between engine steps, while requests are in flight.
+
+    add_request(id, prompt, params) ─► LLMEngine.add_request (vLLM schedules it next step)
+    step():  up to chunk_tokens × LLMEngine.step(), one token per running sequence each;
+             every new token is tagged with the engine's version at that step; finished
+             requests are returned
+
+Weights are taken by the generator between ``step`` calls (``VLLMEngine.update_weights`` or the
+workers' weight-sync poll): the running requests keep the KV cache the old weights built (the
+in-flight update PipelineRL measured to cost almost nothing), only the prefix cache is reset,
+so no new request reuses an old version's prefix; with ``reset_kv`` the running requests are
+preempted instead and vLLM recomputes their KV with the new weights when it resumes them.
+"""
+
+from __future__ import annotations
+
+from dapo_async.engines.base import Completion, SamplingParams
+
+
+class VLLMStream:
+    def __init__(self, engine, chunk_tokens: int):
+        # (``engine.reset_running`` carries reset_kv: ``VLLMEngine.stream`` sets it)
+        self.engine = engine
+        self.core = engine.llm.llm_engine
+        self.chunk_tokens = chunk_tokens
+        self.params: SamplingParams | None = None
+        self.versions: dict[str, list[list[int]]] = {}  # request -> per response, per token
+
+    @property
+    def num_inflight(self) -> int:
+        return sum(len(v) for v in self.versions.values())
+
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        from vllm.inputs import TokensPrompt
+
+        from dapo_async.engines.vllm import vllm_params
+
+        if request_id in self.versions:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        self.params = params
+        self.core.add_request(
+            request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), vllm_params(params)
+        )
+        self.versions[request_id] = [[] for _ in range(params.n)]
+
+    def step(self) -> list[tuple[str, list[Completion]]]:
+        from dapo_async.engines.vllm import completion
+
+        done = []
+        for _ in range(self.chunk_tokens):
+            if not self.core.has_unfinished_requests():
+                break
+            version = self.engine.version
+            for out in self.core.step():
+                per_response = self.versions.get(out.request_id)
+                if per_response is None:
+                    continue
+                for c in out.outputs:
+                    tags = per_response[c.index]
+                    tags += [version] * (len(c.token_ids) - len(tags))
+                if out.finished:
+                    del self.versions[out.request_id]
+                    comps = sorted(out.outputs, key=lambda c: c.index)
+                    done.append(
+                        (out.request_id, [completion(c, per_response[c.index]) for c in comps])
+                    )
+        return done

@@ -1,0 +1,167 @@
+"""Stream mode: sequences decode continuously; a group leaves the moment its G responses finish
+and a new prompt is leased to take its place. No step waits for a whole batch.
+
+    ┌─► new weights? take them now (inflight_updates: mid-response, between decode chunks)
+    │   a grant arrived? its prompts wait until the engine holds weights the buffer allows
+    │   fewer than max_inflight sequences? ask for that many prompts (non-blocking)
+    │   engine.step(): every sequence in flight advances one chunk; finished requests come back
+    │   each finished request: score → group (per-token versions) → outbox → ScoredGroups
+    └── pump replies (acks, grants)
+
+Same outbox, acks, resends and hello/heartbeat as the batch loop (``GeneratorLoop``), which
+this extends; the engine's streaming decoder (``HFStream``, ``VLLMStream``) is passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from dapo_async import protocol
+from dapo_async.generator.loop import (
+    HELLO_WAIT_S,
+    LEASE_POLL_S,
+    LEASE_TIMEOUT_S,
+    WEIGHTS_WAIT_S,
+    GeneratorLoop,
+)
+from dapo_async.generator.rollout import make_group
+
+# Stream-mode metrics are reported at most this often (groups may finish every few ms).
+METRICS_EVERY_S = 1.0
+
+
+class StreamLoop(GeneratorLoop):
+    def __init__(self, *args, stream, inflight_target: int, inflight_updates: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stream = stream
+        self.target = inflight_target
+        self.inflight_updates = inflight_updates
+        # request id -> (lease id, prompt, ground truth, time added)
+        self.inflight: dict[str, tuple[int, list[int], str, float]] = {}
+        self.waiting: deque[tuple[int, list[int], str, int, float]] = deque()  # + min version
+        self.lease_due = 0.0  # when the next lease request may be sent
+        self.lease_pending = False
+        self.update_pause_s = 0.0
+        self.spans: list[int] = []  # versions spanned per finished response (since last report)
+        self.lens: list[int] = []
+        self._last_metrics = time.monotonic()
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, stop) -> bool:
+        self._take_weights()
+        if not self._hello_acked:
+            self.hello()
+            self.pump(HELLO_WAIT_S, until=lambda: self._hello_acked)
+            if not self._hello_acked:
+                return False
+        self.heartbeat()
+        self.resend()
+        self._refill()
+        if self.stream.num_inflight == 0:
+            t0 = time.monotonic()
+            self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
+            self.time_idle += time.monotonic() - t0
+            return False
+        live = self.stream.num_inflight
+        t0 = time.monotonic()
+        done = self.stream.step()
+        dt = time.monotonic() - t0
+        self.time_generating += dt
+        self.t_slots += dt * self.target
+        self.t_used += dt * min(live, self.target)
+        if done:
+            self.send_groups(self._groups(done))
+        self.pump(0.0)
+        self._report()
+        return True
+
+    def _take_weights(self) -> None:
+        if self.poll_weights is None:
+            return
+        if not self.inflight_updates and self.stream.num_inflight:
+            return  # only between sequences
+        t0, before = time.monotonic(), self.engine.version
+        self.poll_weights()
+        if self.engine.version != before:
+            self.update_pause_s += time.monotonic() - t0
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        if self._grant is not None:
+            g, self._grant = self._grant, None
+            self.lease_pending = False
+            for item in zip(g.prompt_ids, g.prompts, g.ground_truths):
+                self.waiting.append((*item, g.min_version, now))
+            if not g.prompt_ids:  # nothing admissible now: ask again after the hint
+                self.lease_due = now + max(g.wait_s, LEASE_POLL_S)
+        # a prompt starts once the engine holds weights the buffer allows (bounded wait)
+        while self.waiting and (
+            self.engine.version >= self.waiting[0][3] or now - self.waiting[0][4] > WEIGHTS_WAIT_S
+        ):
+            lease_id, prompt, truth, _, _ = self.waiting.popleft()
+            rid = f"{self.id}:{lease_id}"
+            self.stream.add_request(rid, prompt, self.params)
+            self.inflight[rid] = (lease_id, prompt, truth, now)
+        n = self.params.n
+        free = (self.target - self.stream.num_inflight) // n - len(self.waiting)
+        if self.lease_pending and now - self.lease_due > LEASE_TIMEOUT_S:
+            self.lease_pending = False  # lost (buffer restarting): ask again
+        if free > 0 and not self.lease_pending and now >= self.lease_due:
+            self._send(protocol.LeaseRequest(self.id, free, self.engine.version))
+            self.lease_pending = True
+            self.lease_due = now
+
+    def _groups(self, done) -> list[protocol.Group]:
+        now = time.monotonic()
+        items, metas = [], []
+        for rid, comps in done:
+            lease_id, prompt, truth, t_added = self.inflight.pop(rid)
+            metas.append((lease_id, prompt, comps, now - t_added))
+            items += [(c.text, truth, len(c.tokens)) for c in comps]
+        scored = self.score_fn(items)
+        groups, k = [], 0
+        for lease_id, prompt, comps, took in metas:
+            sc = scored[k : k + len(comps)]
+            k += len(comps)
+            groups.append(
+                make_group(
+                    self.id, self.seq, lease_id, prompt, comps, sc, self.engine.version, took
+                )
+            )
+            self.seq += 1
+            for c in comps:
+                self.spans.append(len(np.unique(c.versions)) if len(c.tokens) else 0)
+                self.lens.append(len(c.tokens))
+        return groups
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        if self.on_metrics is None or now - self._last_metrics < METRICS_EVERY_S:
+            return
+        self._last_metrics = now
+        self.on_metrics(self.stream_metrics())
+        self.spans, self.lens = [], []
+
+    def stream_metrics(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self._t_start
+        out = {
+            "generator/inflight": float(self.stream.num_inflight),
+            "generator/engine_occupancy": self.t_used / max(self.t_slots, 1e-9),
+            "generator/update_pause_s": self.update_pause_s,
+            "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
+            "generator/outbox": float(len(self.outbox)),
+            "generator/version": float(self.engine.version),
+            "generator/groups_sent": float(self.counters["groups_sent"]),
+        }
+        if self.spans:
+            out["generator/versions_per_response"] = float(np.mean(self.spans))
+            out["generator/response_len_mean"] = float(np.mean(self.lens))
+        return out
+
+    def flush(self, *args, **kwargs) -> None:
+        self.counters["update_pause_s"] = round(self.update_pause_s, 3)
+        super().flush(*args, **kwargs)
