@@ -68,7 +68,10 @@ BENCHES = {
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.config is None:
-        args.config = "configs/tiny_long.yaml" if args.what == "ladder" else "configs/tiny_cpu.yaml"
+        args.config = {
+            "ladder": "configs/tiny_long.yaml",
+            "async": "configs/tiny_longtail.yaml" if args.workload == "longtail" else None,
+        }.get(args.what) or "configs/tiny_cpu.yaml"
     return _lazy(BENCHES[args.what], "main")(args)
 
 
@@ -202,6 +205,13 @@ def _add_bench(sub) -> None:
         help="async: learner steps per run (default 24); ablation: (default: the config's)",
     )
     p.add_argument("--staleness", type=int, default=2, help="async: max_staleness of the async run")
+    p.add_argument(
+        "--workload",
+        choices=("default", "longtail"),
+        default="default",
+        help="async: default (sync vs async on the config) or longtail (sync, async batch "
+        "generation and async stream generation on configs/tiny_longtail.yaml)",
+    )
     p.add_argument(
         "--out", default="", help="async, ablation, learn, ladder: folder for the run directories"
     )

@@ -11,15 +11,26 @@ Runs the same training job twice with the launcher (`dapo-async train`), first s
 - ``speedup`` = async ÷ sync samples/s; held-out accuracy before and after each run.
 
 The default is the tiny CPU job (one learner, one generator, one torch thread each).
+
+``--workload longtail`` (``configs/tiny_longtail.yaml``: chains of 1 to 10 steps, responses from
+a few tokens to 70) runs three jobs: synchronous, asynchronous with ``generator.mode=batch`` and
+asynchronous with ``generator.mode=stream``, and adds per mode ``engine_occupancy_*`` (the share
+of the engine's sequence slots doing useful work), ``speedup_stream_vs_batch``, and, per
+asynchronous mode, the two-sample KS statistic between the response lengths of the groups that
+qualified and of those trained (``ks_len_*``, ``ks_p_*``): a mode that favours fast responses
+trains shorter ones than it generates.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
 from pathlib import Path
 
 from dapo_async.bench.common import heldout_accuracy, print_result, run_train
+from dapo_async.bench.stats import ks_two_sample, quantile
 from dapo_async.tracking import read_metrics
 
 
@@ -46,7 +57,54 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
 
 def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict[str, float]:
     run_train(config, overrides, run_dir)
-    return steady_state(run_dir, skip)
+    out = steady_state(run_dir, skip)
+    gens = [json.loads(p.read_text()) for p in (run_dir / "generators").glob("*.json")]
+    occupancy = [g["engine_occupancy"] for g in gens if "engine_occupancy" in g]
+    out["engine_occupancy"] = statistics.fmean(occupancy) if occupancy else float("nan")
+    hists = json.loads((run_dir / "buffer_final.json").read_text())["response_len_hist"]
+    qualified, trained = (
+        {int(k): v for k, v in hists[h].items()} for h in ("qualified", "trained")
+    )
+    out["ks_len"], out["ks_p"] = ks_two_sample(qualified, trained)
+    out["len_p05"], out["len_p95"] = quantile(qualified, 0.05), quantile(qualified, 0.95)
+    out["len_min"], out["len_max"] = float(min(qualified)), float(max(qualified))
+    return out
+
+
+def longtail(args: argparse.Namespace, steps: int, root: Path) -> int:
+    """Synchronous, asynchronous batch and asynchronous stream generation, one run each."""
+    base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
+    skip = 1 + args.staleness
+    runs = {
+        "sync": ["buffer.max_staleness=0", "generator.mode=batch"],
+        "batch": [f"buffer.max_staleness={args.staleness}", "generator.mode=batch"],
+        "stream": [f"buffer.max_staleness={args.staleness}", "generator.mode=stream"],
+    }
+    res = {name: run_job(args.config, [*base, *o], root / name, skip) for name, o in runs.items()}
+    out: dict = {"workload": "longtail", "steps": steps, "max_staleness": args.staleness}
+    for name, r in res.items():
+        out[f"samples_per_s_{name}"] = r["samples_per_s"]
+        out[f"learner_idle_{name}"] = r["learner_idle"]
+        out[f"engine_occupancy_{name}"] = r["engine_occupancy"]
+        out[f"heldout_after_{name}"] = r.get("heldout_after")
+    for name in ("batch", "stream"):
+        out[f"ks_len_{name}"], out[f"ks_p_{name}"] = res[name]["ks_len"], res[name]["ks_p"]
+    out["speedup_stream_vs_batch"] = res["stream"]["samples_per_s"] / res["batch"]["samples_per_s"]
+    out["speedup_batch_vs_sync"] = res["batch"]["samples_per_s"] / res["sync"]["samples_per_s"]
+    out["speedup_stream_vs_sync"] = res["stream"]["samples_per_s"] / res["sync"]["samples_per_s"]
+    r = res["stream"]
+    out["response_len"] = {k: r[f"len_{k}"] for k in ("min", "p05", "p95", "max")}
+    out["run_dirs"] = [str(root / name) for name in runs]
+    return print_result(
+        f"longtail: sync {out['samples_per_s_sync']:.1f}, batch {out['samples_per_s_batch']:.1f}, "
+        f"stream {out['samples_per_s_stream']:.1f} samples/s; stream/batch "
+        f"{out['speedup_stream_vs_batch']:.2f}x; learner idle stream "
+        f"{out['learner_idle_stream']:.2f}; occupancy batch {out['engine_occupancy_batch']:.2f} "
+        f"stream {out['engine_occupancy_stream']:.2f}; KS(trained vs qualified lengths) stream "
+        f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})",
+        out,
+        args.json,
+    )
 
 
 # Learner steps per run unless --steps says otherwise.
@@ -62,6 +120,8 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"bench async: --steps must be at least {skip + 2} for --staleness {args.staleness}"
         )
+    if getattr(args, "workload", "default") == "longtail":
+        return longtail(args, steps, root)
     sync = run_job(args.config, [*base, "buffer.max_staleness=0"], root / "sync", skip)
     asyn = run_job(
         args.config, [*base, f"buffer.max_staleness={args.staleness}"], root / "async", skip

@@ -105,6 +105,10 @@ def _write_final(run_dir, svc) -> None:
         "stored": len(st.groups),
         "version": st.version,
         "malformed": svc.malformed,
+        # response length -> count, of qualified and of trained groups (bench async --workload)
+        "response_len_hist": {
+            k: {str(n): c for n, c in sorted(h.items())} for k, h in st.len_hist.items()
+        },
         "untrained_assigned": sum(
             len(b.group_ids) for s, b in st.steps.items() if s not in st.counted_steps
         ),

@@ -38,6 +38,7 @@ def dump(self) -> dict:
         "counters": self.counters.to_dict(),
         "staleness_hist": {str(k): v for k, v in self.staleness_hist.items()},
         "component_names": self.component_names,
+        "len_hist": {k: {str(n): c for n, c in h.items()} for k, h in self.len_hist.items()},
     }
 
 
@@ -61,3 +62,5 @@ def load(self, snap: dict, groups: list[Group]) -> None:
     self.counters = Counters.from_dict(snap["counters"])
     self.staleness_hist = Counter({int(k): v for k, v in snap["staleness_hist"].items()})
     self.component_names = snap["component_names"]
+    for k, h in snap.get("len_hist", {}).items():
+        self.len_hist[k] = Counter({int(n): c for n, c in h.items()})

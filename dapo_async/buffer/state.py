@@ -61,6 +61,9 @@ class BufferState:
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
+        # response lengths of the groups that passed the filters, and of those assigned to a
+        # step: equal distributions unless something favours fast (short) responses
+        self.len_hist = {"qualified": Counter(), "trained": Counter()}
         # (correct responses, responses) of the last groups_per_step groups received, before
         # the dynamic-sampling filter: the honest accuracy of what the policy samples now
         self.recent_sampled: deque[tuple[float, int]] = deque(maxlen=max(1, cfg.groups_per_step))
@@ -161,6 +164,7 @@ class BufferState:
         self.groups[gid] = group
         self.ready.append(gid)
         self.counters.qualified += 1
+        self.len_hist["qualified"].update(group.response_lens.tolist())
         return "stored"
 
     def reject(self, group: Group, reason: str) -> str:
@@ -287,6 +291,7 @@ class BufferState:
             return None
         tokens = [self.groups[g].num_tokens for g in fresh]
         for g in fresh:
+            self.len_hist["trained"].update(self.groups[g].response_lens.tolist())
             vals, counts = np.unique(step - self.groups[g].versions, return_counts=True)
             for v, c in zip(vals.tolist(), counts.tolist()):
                 self.staleness_hist[int(v)] += int(c)

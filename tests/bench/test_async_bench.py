@@ -47,3 +47,27 @@ def test_too_few_steps_for_the_staleness_fails_before_training(tmp_path, repo, c
     assert out.returncode != 0
     assert "--steps must be at least 5" in out.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path, repo, cli_env):
+    """Synchronous, asynchronous batch and asynchronous stream runs of the long-tail workload,
+    each with its throughput, learner idle, engine occupancy and (async) length KS figures."""
+    out = run_cli(
+        repo, cli_env, "bench", "async", f"model.path={tiny_model}",
+        "buffer.groups_per_step=4", "generator.prompts_per_batch=4", "data.num_eval=16",
+        "buffer.dynamic_sampling=false", "--workload", "longtail", "--steps", "4",
+        "--staleness", "1", "--out", tmp_path, "--json", timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for mode in ("sync", "batch", "stream"):
+        assert r[f"samples_per_s_{mode}"] > 0
+        assert 0 <= r[f"learner_idle_{mode}"] <= 1
+        assert 0 < r[f"engine_occupancy_{mode}"] <= 1
+    for mode in ("batch", "stream"):
+        assert 0 <= r[f"ks_len_{mode}"] <= 1 and 0 <= r[f"ks_p_{mode}"] <= 1
+    assert r["speedup_stream_vs_batch"] > 0
+    assert r["response_len"]["max"] > r["response_len"]["min"]
+    gen = json.loads(next((tmp_path / "stream" / "generators").glob("*.json")).read_text())
+    assert "update_pause_s" in gen  # the stream loop ran
