@@ -16,6 +16,7 @@ vLLM spawns an engine-core process: scripts that build this engine need a ``__ma
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -94,6 +95,10 @@ class VLLMEngine:
             logprobs_mode=LOGPROBS_MODES[g.logprobs_mode],
             tensor_parallel_size=g.tensor_parallel_size,
         )
+        if g.mode == "stream":
+            # with async scheduling the step after a weight update is already scheduled (and
+            # computed) with the old weights, and its tokens would carry the wrong version
+            kwargs["async_scheduling"] = False
         if gpu:
             kwargs["gpu_memory_utilization"] = g.gpu_memory_utilization
         else:
@@ -107,6 +112,7 @@ class VLLMEngine:
         # stream mode with generator.reset_kv_on_update: running requests are preempted at an
         # update and their KV recomputed by the new weights (else they keep the old KV)
         self.reset_running = False
+        self.streaming = False  # a VLLMStream is decoding: updates hold the scheduler
         base = TMPFS if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK) else None
         self._tmp = tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=base)
 
@@ -127,6 +133,8 @@ class VLLMEngine:
         from dapo_async.engines.vllm_stream import VLLMStream
 
         self.reset_running = reset_kv
+        self.streaming = True
+        self.llm.llm_engine.set_weight_version(str(self.version))
         return VLLMStream(self, chunk_tokens)
 
     def _reset_cache(self) -> None:
@@ -146,11 +154,31 @@ class VLLMEngine:
 
     def load_file(self, path: str, version: int) -> None:
         """Load a safetensors snapshot that already exists (the disk weight-sync mode)."""
-        counts = self.llm.collective_rpc("dapo_reload_file", args=(str(path),))
-        if not counts or min(counts) == 0:
-            raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
-        self._reset_cache()
+        with self._paused():
+            counts = self.llm.collective_rpc("dapo_reload_file", args=(str(path),))
+            if not counts or min(counts) == 0:
+                raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
+            self._reset_cache()
+            self._set_version(version)
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """In stream mode, hold vLLM's scheduler (requests and their KV kept) while weights
+        change, so no step runs half-way and every step's tokens get the right version."""
+        if not self.streaming:
+            yield
+            return
+        core = self.llm.llm_engine.engine_core
+        core.call_utility("pause_scheduler", "keep", False)
+        try:
+            yield
+        finally:
+            core.call_utility("resume_scheduler")
+
+    def _set_version(self, version: int) -> None:
+        """Our version, and vLLM's label on every token computed from now on."""
         self.version = version
+        self.llm.llm_engine.set_weight_version(str(version))
 
     # ---------------------------------------------------------------- weight sync in the worker
 
@@ -168,14 +196,17 @@ class VLLMEngine:
         Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept)."""
         from dapo_async.weight_sync.base import WeightSyncError
 
-        results = [r for r in self.llm.collective_rpc("dapo_wsync_poll") if r is not None]
-        if not results:
-            return None
-        errors = [r["error"] for r in results if "error" in r]
-        if errors:
-            raise WeightSyncError(errors[0])
-        self._reset_cache()
-        self.version = int(results[0]["version"])
+        if self.streaming and not any(self.llm.collective_rpc("dapo_wsync_pending")):
+            return None  # (checked first so the scheduler is held only for a real round)
+        with self._paused():
+            results = [r for r in self.llm.collective_rpc("dapo_wsync_poll") if r is not None]
+            if not results:
+                return None
+            errors = [r["error"] for r in results if "error" in r]
+            if errors:
+                raise WeightSyncError(errors[0])
+            self._reset_cache()
+            self._set_version(int(results[0]["version"]))
         return results[0]
 
     def close_weight_sync(self) -> None:

@@ -3,8 +3,8 @@ and new weights are loaded between engine steps, while requests are in flight.
 
     add_request(id, prompt, params) ─► LLMEngine.add_request (vLLM schedules it next step)
     step():  up to chunk_tokens × LLMEngine.step(), one token per running sequence each;
-             every new token is tagged with the engine's version at that step; finished
-             requests are returned
+             finished requests are returned, every token tagged with the version vLLM
+             labelled the step that computed it (``VLLMEngine._set_version``)
 
 Weights are taken by the generator between ``step`` calls (``VLLMEngine.update_weights`` or the
 workers' weight-sync poll): the running requests keep the KV cache the old weights built (the
@@ -18,6 +18,18 @@ from __future__ import annotations
 from dapo_async.engines.base import Completion, SamplingParams
 
 
+def _versions(c) -> list[int]:
+    """Per-token versions from vLLM's weight-version spans (labels set at each update, while
+    the scheduler is held, so every step's tokens carry the weights that computed them)."""
+    spans = c.weight_versions or []
+    out: list[int] = []
+    for span in spans:
+        out += [int(span.version)] * (span.end - span.start)
+    if len(out) != len(c.token_ids):
+        raise RuntimeError(f"vLLM labelled {len(out)} of {len(c.token_ids)} tokens with a version")
+    return out
+
+
 class VLLMStream:
     def __init__(self, engine, chunk_tokens: int):
         # (``engine.reset_running`` carries reset_kv: ``VLLMEngine.stream`` sets it)
@@ -25,24 +37,24 @@ class VLLMStream:
         self.core = engine.llm.llm_engine
         self.chunk_tokens = chunk_tokens
         self.params: SamplingParams | None = None
-        self.versions: dict[str, list[list[int]]] = {}  # request -> per response, per token
+        self.inflight: dict[str, int] = {}  # request -> responses (n)
 
     @property
     def num_inflight(self) -> int:
-        return sum(len(v) for v in self.versions.values())
+        return sum(self.inflight.values())
 
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         from vllm.inputs import TokensPrompt
 
         from dapo_async.engines.vllm import vllm_params
 
-        if request_id in self.versions:
+        if request_id in self.inflight:
             raise ValueError(f"request {request_id!r} is already in flight")
         self.params = params
         self.core.add_request(
             request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), vllm_params(params)
         )
-        self.versions[request_id] = [[] for _ in range(params.n)]
+        self.inflight[request_id] = params.n
 
     def step(self) -> list[tuple[str, list[Completion]]]:
         from dapo_async.engines.vllm import completion
@@ -51,18 +63,9 @@ class VLLMStream:
         for _ in range(self.chunk_tokens):
             if not self.core.has_unfinished_requests():
                 break
-            version = self.engine.version
             for out in self.core.step():
-                per_response = self.versions.get(out.request_id)
-                if per_response is None:
-                    continue
-                for c in out.outputs:
-                    tags = per_response[c.index]
-                    tags += [version] * (len(c.token_ids) - len(tags))
-                if out.finished:
-                    del self.versions[out.request_id]
+                if out.finished and out.request_id in self.inflight:
+                    del self.inflight[out.request_id]
                     comps = sorted(out.outputs, key=lambda c: c.index)
-                    done.append(
-                        (out.request_id, [completion(c, per_response[c.index]) for c in comps])
-                    )
+                    done.append((out.request_id, [completion(c, _versions(c)) for c in comps]))
         return done

@@ -53,6 +53,10 @@ class WorkerExtension:
         self._dapo_digests = digests
         return rid
 
+    def dapo_wsync_pending(self) -> bool:
+        """Whether a weight-sync round is waiting for this worker (no transfer)."""
+        return self._dapo_receiver.pending()
+
     def dapo_wsync_poll(self) -> dict | None:
         """Take part in an open weight-sync round, if any: receive, verify, reload. Returns
         {"version", "error"?, "digests"?} when a round was attempted, None otherwise."""

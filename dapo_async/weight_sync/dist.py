@@ -338,13 +338,17 @@ class DistWeightReceiver(WeightReceiver):
     def _heartbeat(self) -> None:
         self.store.set(f"alive/{self.id}", str(time.time()))
 
-    def poll(self) -> tuple[dict[str, torch.Tensor], int] | None:
+    def pending(self) -> bool:
+        """Whether a round newer than the last one taken is open (heartbeats too)."""
         self._heartbeat()
         if not self.store.check(["latest"]):
+            return False
+        return tuple(json.loads(self.store.get("latest"))) > self.last
+
+    def poll(self) -> tuple[dict[str, torch.Tensor], int] | None:
+        if not self.pending():
             return None
         e, r = json.loads(self.store.get("latest"))
-        if (e, r) <= self.last:
-            return None
         if e != self.epoch:
             members = json.loads(self.store.get(f"epoch/{e}"))
             if self.id not in members:

@@ -19,9 +19,16 @@ HERE = Path(__file__).resolve().parent
 
 
 def perturbed(model, scale=0.05):
-    """A copy of ``model``'s weights with noise: the 'new version'."""
+    """A copy of ``model``'s weights with noise: the 'new version' (noise per parameter, so
+    tied embeddings stay tied)."""
+    import copy
+
+    new = copy.deepcopy(model)
     torch.manual_seed(0)
-    return {k: v + scale * torch.randn_like(v) for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return {k: v.clone() for k, v in new.state_dict().items()}
 
 
 def logprob_at(state, model, prompt, tokens, t):

@@ -19,7 +19,8 @@ if __name__ == "__main__":
 
     model_dir, new_weights, prompts_json, reset_kv = sys.argv[1:5]
     prompts = json.loads(prompts_json)
-    eng = VLLMEngine(model_dir, load_config(None, ["generator.max_model_len=128"]))
+    cfg = load_config(None, ["generator.max_model_len=128", "generator.mode=stream"])
+    eng = VLLMEngine(model_dir, cfg)
     stream = eng.stream(4, reset_kv=reset_kv == "1")
     params = SamplingParams(n=2, temperature=1.0, max_tokens=30, seed=3)
     for i, p in enumerate(prompts):
