@@ -51,9 +51,13 @@ class VLLMStream:
         if request_id in self.inflight:
             raise ValueError(f"request {request_id!r} is already in flight")
         self.params = params
-        self.core.add_request(
-            request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), vllm_params(params)
-        )
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = vllm_params(params)
+        # one output per request, when all n responses are done, holding all n (the default,
+        # cumulative, kind reports the responses one by one)
+        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        self.core.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), sp)
         self.inflight[request_id] = params.n
 
     def step(self) -> list[tuple[str, list[Completion]]]:

@@ -42,6 +42,7 @@ def logprob_at(state, model, prompt, tokens, t):
 def check_versions_and_logprobs(prompts, results, states, model, exact_after_update: bool):
     spanned = 0
     for prompt, comps in zip(prompts, results):
+        assert len(comps) == 2, "every request returns its n responses"
         for c in comps:
             tokens, logps, versions = c["tokens"], c["logprobs"], c["versions"]
             assert versions == sorted(versions) and set(versions) <= {0, 1}
