@@ -263,6 +263,11 @@ def _add_bench(sub) -> None:
         help="ablation: also DAPO synchronous (buffer.max_staleness=0), for the async gap",
     )
     p.add_argument(
+        "--stream",
+        action="store_true",
+        help="ablation: also DAPO with generator.mode=stream, for the stream gap",
+    )
+    p.add_argument(
         "overrides", nargs="*", help="generator, async, ablation, learn, ladder: config overrides"
     )
     p.set_defaults(func=cmd_bench)

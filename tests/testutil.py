@@ -6,6 +6,18 @@ import sys
 
 import torch
 
+# A short main job on the fixture model (learner.num_steps set by each test): small steps, no
+# Aim, no dynamic sampling (the barely warm-started fixture would have every group filtered).
+TRAIN_FAST = [
+    "buffer.groups_per_step=4",
+    "generator.prompts_per_batch=4",
+    "generator.responses_per_prompt=4",
+    "data.num_eval=16",
+    "tracking.aim=false",
+    "buffer.dynamic_sampling=false",
+    "launch.shutdown_timeout_s=10",
+]
+
 
 def run_cli(repo, env, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m dapo_async.cli ARGS` in the repo, output captured."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +73,8 @@ def make_arms(args) -> dict[str, tuple[str, list[str]]]:
     }
     if args.sync:
         arms["dapo_sync"] = (args.config, ["buffer.max_staleness=0"])
+    if getattr(args, "stream", False):
+        arms["dapo_stream"] = (args.config, ["generator.mode=stream"])
     if args.components:
         for name, extra in COMPONENTS.items():
             arms[f"grpo+{name}"] = (args.baseline, extra)
@@ -94,6 +97,10 @@ def summarize(results: dict[str, list[dict]], keys: dict[str, str], seeds, num_s
     )
     if sync:
         out["async_gap"] = out["dapo_heldout_after_mean"] - out["dapo_sync_heldout_after_mean"]
+    if "dapo_stream" in results:
+        # stream generation vs the config's mode, and the seed noise to judge it by
+        out["stream_gap"] = out["dapo_stream_heldout_after_mean"] - out["dapo_heldout_after_mean"]
+        out["dapo_heldout_after_std"] = statistics.pstdev(out["dapo_heldout_after"])
     return out
 
 
@@ -117,6 +124,12 @@ def print_table(out: dict, keys: dict[str, str], num_seeds: int, sync: bool) -> 
         print(
             f"DAPO as configured − DAPO synchronous: {out['async_gap']:+.3f} held-out after "
             "training",
+            file=sys.stderr,
+        )
+    if "stream_gap" in out:
+        print(
+            f"DAPO stream generation − as configured: {out['stream_gap']:+.3f} held-out after "
+            f"training (seed std of the configured arm {out['dapo_heldout_after_std']:.3f})",
             file=sys.stderr,
         )
 

@@ -345,6 +345,7 @@ class BufferState:
             "buffer/qualified": float(c.qualified),
             "buffer/trained": float(c.trained),
             "buffer/leased": float(c.leased),
+            "buffer/paced_waits": float(c.paced_waits),
         }
         if self.recent_sampled:
             correct = sum(a for a, _ in self.recent_sampled)

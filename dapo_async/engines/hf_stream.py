@@ -24,6 +24,43 @@ import torch
 from dapo_async.engines.base import Completion, SamplingParams
 from dapo_async.engines.sampling import sample
 
+# Spare time slots allocated at once in a layer's KV buffer: appends write in place, and the
+# buffer is copied only every this many decode steps (torch.cat copied it at every step).
+KV_HEADROOM = 32
+
+
+def _grow_in_place(cache) -> None:
+    """Make every layer of a transformers DynamicCache append into a preallocated buffer."""
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        def update(self, key_states, value_states, cache_kwargs=None):
+            if not self.is_initialized:
+                return super().update(key_states, value_states, cache_kwargs)
+            t, n = self.keys.shape[-2], key_states.shape[-2]
+            buf = getattr(self, "_buf", None)
+            fresh = (
+                buf is None
+                or buf[0].shape[:2] != self.keys.shape[:2]
+                or buf[0].shape[-2] < t + n
+                or buf[0].data_ptr() != self.keys.data_ptr()
+            )
+            if fresh:  # first append, rows changed, full, or keys replaced (merge/trim)
+                b, h, _, d = self.keys.shape
+                kb = self.keys.new_empty((b, h, t + n + KV_HEADROOM, d))
+                vb = self.values.new_empty((b, h, t + n + KV_HEADROOM, d))
+                kb[:, :, :t] = self.keys
+                vb[:, :, :t] = self.values
+                self._buf = buf = (kb, vb)
+            buf[0][:, :, t : t + n] = key_states
+            buf[1][:, :, t : t + n] = value_states
+            self.keys, self.values = buf[0][:, :, : t + n], buf[1][:, :, : t + n]
+            return self.keys, self.values
+
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layer.__class__ = BufferedLayer
+
 
 @dataclass
 class _Seq:
@@ -88,6 +125,7 @@ class HFStream:
             use_cache=True,
         )
         self.stats["prefill_tokens"] += int(mask_BT.sum())
+        _grow_in_place(out.past_key_values)
         return out.past_key_values, mask_BT, out.logits[:, -1].float()
 
     def _merge(self, cache, mask_BT, logits_BV) -> None:

@@ -170,10 +170,9 @@ class GeneratorLoop:
 
     # ------------------------------------------------------------------ main loop
 
-    def step(self, stop) -> bool:
-        """One lease → generate → send round; False if nothing was generated."""
-        if self.poll_weights is not None:
-            self.poll_weights()
+    def keep_in_touch(self) -> bool:
+        """Hello until the buffer knows us (False while it does not), heartbeat, resend what
+        is overdue: what every loop iteration does before generating."""
         if not self._hello_acked:
             self.hello()
             self.pump(HELLO_WAIT_S, until=lambda: self._hello_acked)
@@ -181,6 +180,14 @@ class GeneratorLoop:
                 return False
         self.heartbeat()
         self.resend()
+        return True
+
+    def step(self, stop) -> bool:
+        """One lease → generate → send round; False if nothing was generated."""
+        if self.poll_weights is not None:
+            self.poll_weights()
+        if not self.keep_in_touch():
+            return False
         t_wait = time.monotonic()
         grant = self.lease(stop)
         if grant is None or not grant.prompt_ids:

@@ -21,7 +21,6 @@ import numpy as np
 
 from dapo_async import protocol
 from dapo_async.generator.loop import (
-    HELLO_WAIT_S,
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
     WEIGHTS_WAIT_S,
@@ -53,13 +52,8 @@ class StreamLoop(GeneratorLoop):
 
     def step(self, stop) -> bool:
         self._take_weights()
-        if not self._hello_acked:
-            self.hello()
-            self.pump(HELLO_WAIT_S, until=lambda: self._hello_acked)
-            if not self._hello_acked:
-                return False
-        self.heartbeat()
-        self.resend()
+        if not self.keep_in_touch():
+            return False
         self._refill()
         if self.stream.num_inflight == 0:
             t0 = time.monotonic()

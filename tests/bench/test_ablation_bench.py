@@ -72,6 +72,7 @@ def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env)
         "--eval-every",
         "1",
         "--sync",
+        "--stream",
         "--out",
         tmp_path,
         "--json",
@@ -80,7 +81,7 @@ def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env)
     assert out.returncode == 0, out.stderr[-3000:]
     res = last_json(out)
     assert res["seeds"] == [0, 1] and res["steps"] == 2
-    for arm in ("dapo", "grpo", "dapo_sync"):
+    for arm in ("dapo", "grpo", "dapo_sync", "dapo_stream"):
         after = [
             json.loads((tmp_path / f"{arm}-seed{s}" / "eval_after.json").read_text())[
                 "eval/accuracy"
@@ -92,6 +93,10 @@ def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env)
         assert res[f"{arm}_groups_generated_mean"] >= 2 * 4  # two steps of four groups
         cfg = (tmp_path / f"{arm}-seed1" / "config.yaml").read_text()
         assert "seed: 1" in cfg
+    assert "mode: stream" in (tmp_path / "dapo_stream-seed0" / "config.yaml").read_text()
+    assert res["stream_gap"] == pytest.approx(
+        res["dapo_stream_heldout_after_mean"] - res["dapo_heldout_after_mean"]
+    )
     # each arm trained its own config
     dapo_cfg = (tmp_path / "dapo-seed0" / "config.yaml").read_text()
     grpo_cfg = (tmp_path / "grpo-seed0" / "config.yaml").read_text()

@@ -10,18 +10,9 @@ import time
 import psutil
 import pytest
 import torch
-from testutil import last_json, max_generator_version, run_cli
+from testutil import TRAIN_FAST, last_json, max_generator_version, run_cli
 
-FAST = [
-    "learner.num_steps=4",
-    "buffer.groups_per_step=4",
-    "generator.prompts_per_batch=4",
-    "generator.responses_per_prompt=4",
-    "data.num_eval=16",
-    "tracking.aim=false",
-    "buffer.dynamic_sampling=false",
-    "launch.shutdown_timeout_s=10",
-]
+FAST = ["learner.num_steps=4", *TRAIN_FAST]
 
 
 def train_cmd(tiny_model, run_dir, *extra):

@@ -10,18 +10,10 @@ import time
 from pathlib import Path
 
 import psutil
+from testutil import TRAIN_FAST
 
-# A short main job: tiny model, small steps, a checkpoint every 3 steps, the WAL on (default).
-FAST = [
-    "buffer.groups_per_step=4",
-    "generator.prompts_per_batch=4",
-    "generator.responses_per_prompt=4",
-    "data.num_eval=16",
-    "tracking.aim=false",
-    "buffer.dynamic_sampling=false",
-    "launch.shutdown_timeout_s=10",
-    "learner.checkpoint_every=3",
-]
+# A short main job with a checkpoint every 3 steps (the WAL is on by default).
+FAST = [*TRAIN_FAST, "learner.checkpoint_every=3"]
 
 
 def start_run(repo, env, tiny_model, run_dir: Path, *extra) -> subprocess.Popen:
