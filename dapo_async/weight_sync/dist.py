@@ -26,6 +26,7 @@ their own model; a mismatch raises ``WeightSyncError`` and keeps the previous we
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -191,10 +192,8 @@ class DistWeightPublisher(WeightPublisher):
             self._cv.notify()
         self._thread.join(timeout=self.timeout_s + 5)
         if self.pg is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.pg.shutdown()
-            except Exception:
-                pass
         self._listener.close()
 
     # ------------------------------------------------------------------ sender thread
@@ -220,10 +219,8 @@ class DistWeightPublisher(WeightPublisher):
         """Announce a new member list; the group itself is built once the round is announced
         (building it is a rendezvous the receivers join when they see the round)."""
         if self.pg is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.pg.shutdown()
-            except Exception:
-                pass
             self.pg = None
         self.epoch += 1
         self.members = members
@@ -354,10 +351,8 @@ class DistWeightReceiver(WeightReceiver):
             if self.id not in members:
                 return None  # joins at the next epoch
             if self.pg is not None:
-                try:
+                with contextlib.suppress(Exception):
                     self.pg.shutdown()
-                except Exception:
-                    pass
             self.rank = members.index(self.id) + 1
             self.pg, _ = _group(
                 self.store, e, self.rank, len(members) + 1, self.timeout_s, self.backend
@@ -373,9 +368,7 @@ class DistWeightReceiver(WeightReceiver):
             got.append(digest(buf))
         # the sender posts the digests once it has computed them (during the transfer)
         want = json.loads(self.store.get(f"digests/{e}/{r}"))
-        bad = [i for i, (a, b) in enumerate(zip(got, want)) if a != b] + list(
-            range(min(len(got), len(want)), max(len(got), len(want)))
-        )
+        bad = [i for i in range(max(len(got), len(want))) if got[i : i + 1] != want[i : i + 1]]
         if bad:
             raise WeightSyncError(
                 f"weight-sync checksum mismatch in round {r} (version {manifest['version']}, "
@@ -398,7 +391,5 @@ class DistWeightReceiver(WeightReceiver):
 
     def close(self) -> None:
         if self.pg is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.pg.shutdown()
-            except Exception:
-                pass
