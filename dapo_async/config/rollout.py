@@ -49,7 +49,7 @@ class GeneratorConfig:
         "finding: costs almost nothing).",
     )
     update_interval_tokens: int = F(
-        8, "stream, hf engine: decode steps per chunk (new weights and new prompts between)."
+        16, "stream, hf engine: decode steps per chunk (new weights and new prompts between)."
     )
 
     @property

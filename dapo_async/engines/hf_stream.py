@@ -24,6 +24,9 @@ import torch
 from dapo_async.engines.base import Completion, SamplingParams
 from dapo_async.engines.sampling import sample
 
+# Mid-chunk, finished rows leave the batch once they are 1/DROP_FINISHED_AT of it (each drop
+# copies the cache once; computing finished rows until the chunk ends wastes more).
+DROP_FINISHED_AT = 8
 # Spare time slots allocated at once in a layer's KV buffer: appends write in place, and the
 # buffer is copied only every this many decode steps (torch.cat copied it at every step).
 KV_HEADROOM = 32
@@ -192,8 +195,12 @@ class HFStream:
                     live = True
             if not live:
                 break
+            done = sum(1 for s in self.active if s.finish)
+            if done * DROP_FINISHED_AT >= len(self.active):
+                token_B = self._drop_finished(token_B)  # stop computing them mid-chunk
             self._forward(token_B)
-        return self._retire()
+        self._drop_finished(None)
+        return self._collect()
 
     def _forward(self, token_B: torch.Tensor) -> None:
         ones_B1 = torch.ones((len(self.active), 1), dtype=torch.long)
@@ -227,18 +234,24 @@ class HFStream:
             layer.values = layer.values[:, :, start:]
         self.mask_BT = self.mask_BT[:, start:]
 
-    def _retire(self) -> list[tuple[str, list[Completion]]]:
+    def _drop_finished(self, token_B: torch.Tensor | None) -> torch.Tensor | None:
+        """Remove finished rows from the batch (cache, mask, logits; and ``token_B``)."""
         keep = [i for i, s in enumerate(self.active) if not s.finish]
-        if len(keep) < len(self.active):
-            if keep:
-                idx = torch.tensor(keep)
-                self.cache.batch_select_indices(idx.to(self.engine.device))
-                self.mask_BT = self.mask_BT[idx]
-                self.logits_BV = self.logits_BV[idx]
-            else:
-                self.cache = self.mask_BT = self.logits_BV = None
-            self.active = [self.active[i] for i in keep]
-            self._trim()
+        if len(keep) == len(self.active):
+            return token_B
+        if keep:
+            idx = torch.tensor(keep)
+            self.cache.batch_select_indices(idx.to(self.engine.device))
+            self.mask_BT = self.mask_BT[idx]
+            self.logits_BV = self.logits_BV[idx]
+            token_B = None if token_B is None else token_B[idx]
+        else:
+            self.cache = self.mask_BT = self.logits_BV = None
+        self.active = [self.active[i] for i in keep]
+        self._trim()
+        return token_B
+
+    def _collect(self) -> list[tuple[str, list[Completion]]]:
         done = []
         for rid, seqs in list(self.requests.items()):
             if all(s.finish for s in seqs):

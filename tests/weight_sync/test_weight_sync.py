@@ -228,3 +228,34 @@ def test_weight_sync_store_listens_on_loopback_only():
         assert all(is_loopback(ip) for ip, _ in new), new
     finally:
         pub.close()
+
+
+def test_dead_receiver_costs_a_heartbeat_not_a_collective_timeout():
+    """With a 60 s collective timeout, a SIGKILLed receiver is left out (its heartbeat thread
+    stops) and the survivor gets the next version well before that timeout could expire."""
+    pub = _publisher(timeout_s=60)
+    out = SPAWN.Queue()
+    a = SPAWN.Process(target=_receiver, args=(pub.endpoint, "a", 100, out, 60))
+    b = SPAWN.Process(target=_receiver, args=(pub.endpoint, "b", 100, out, 60))
+    a.start()
+    b.start()
+    try:
+        _wait_joined(pub, 2)
+        pub.publish(_state(1), 1)
+        assert pub.wait_sent(1, 120)
+        os.kill(b.pid, signal.SIGKILL)
+        b.join()
+        t0 = time.monotonic()
+        pub.publish(_state(2), 2)
+        assert pub.wait_sent(2, 30), "the round waited for the dead receiver"
+        waited = time.monotonic() - t0
+        got = []  # a:v1, a:v2 (b may have died before reporting its v1)
+        while ("a", 2, True) not in got:
+            got.append(out.get(timeout=30))
+    finally:
+        for p in (a, b):
+            if p.is_alive():
+                p.kill()
+        pub.close()
+    assert ("a", 2, True) in got
+    print(f"dead receiver cost {waited:.1f}s (collective timeout 60 s)")
