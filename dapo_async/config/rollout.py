@@ -52,6 +52,16 @@ class GeneratorConfig:
         16, "stream, hf engine: decode steps per chunk (new weights and new prompts between)."
     )
 
+    refill_at: float = F(
+        -1.0,
+        "stream: lease new prompts once the sequences in flight fall to this fraction of "
+        "max_inflight. 1.0 refills continuously (best where a decode step costs about the same "
+        "for any batch: GPUs); 0.0 lets the running batch drain first (best on CPUs, where a "
+        "step costs in proportion to its rows, so a shrinking tail is cheap, while a refill "
+        "costs a prefill and a cache merge); -1 = auto (1.0 with CUDA, else 0.0). Either way "
+        "each group is sent the moment it is done and weights land mid-response.",
+    )
+
     @property
     def inflight_target(self) -> int:
         """Sequences a stream-mode generator keeps in flight."""
@@ -62,6 +72,11 @@ class GeneratorConfig:
         _choice(self.mode, ("batch", "stream"), f"{p}.mode")
         _need(self.max_inflight >= 0, f"{p}.max_inflight", "must be >= 0")
         _need(self.update_interval_tokens >= 1, f"{p}.update_interval_tokens", "must be >= 1")
+        _need(
+            self.refill_at == -1 or 0 <= self.refill_at <= 1,
+            f"{p}.refill_at",
+            "must be -1 (auto) or in [0, 1]",
+        )
         _need(
             self.mode == "batch" or self.inflight_target >= self.responses_per_prompt,
             f"{p}.max_inflight",

@@ -68,6 +68,7 @@ def main(args: argparse.Namespace) -> int:
             stream=stream,
             inflight_target=g.inflight_target,
             inflight_updates=g.inflight_updates,
+            refill_at=refill_sequences(g),
             **kwargs,
         )
     else:
@@ -98,6 +99,17 @@ def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceive
             engine, endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg)
         )
     return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
+
+
+def refill_sequences(g) -> int:
+    """Sequences in flight at or below which a stream-mode generator leases more
+    (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA, drain on CPU)."""
+    fraction = g.refill_at
+    if fraction < 0:
+        import torch
+
+        fraction = 1.0 if torch.cuda.is_available() else 0.0
+    return int(fraction * g.inflight_target)
 
 
 def sampling_params(cfg):

@@ -33,10 +33,20 @@ METRICS_EVERY_S = 1.0
 
 
 class StreamLoop(GeneratorLoop):
-    def __init__(self, *args, stream, inflight_target: int, inflight_updates: bool, **kwargs):
+    def __init__(
+        self,
+        *args,
+        stream,
+        inflight_target: int,
+        inflight_updates: bool,
+        refill_at: int | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.stream = stream
         self.target = inflight_target
+        # lease more once this many sequences or fewer are in flight (default: continuously)
+        self.refill_at = inflight_target if refill_at is None else refill_at
         self.inflight_updates = inflight_updates
         # request id -> (lease id, prompt, ground truth, time added)
         self.inflight: dict[str, tuple[int, list[int], str, float]] = {}
@@ -101,6 +111,8 @@ class StreamLoop(GeneratorLoop):
             self.stream.add_request(rid, prompt, self.params)
             self.inflight[rid] = (lease_id, prompt, truth, now)
         n = self.params.n
+        if self.stream.num_inflight + n * len(self.waiting) > self.refill_at:
+            return
         free = (self.target - self.stream.num_inflight) // n - len(self.waiting)
         if self.lease_pending and now - self.lease_due > LEASE_TIMEOUT_S:
             self.lease_pending = False  # lost (buffer restarting): ask again
