@@ -265,7 +265,7 @@ def _add_bench(sub) -> None:
     p.add_argument(
         "--stream",
         action="store_true",
-        help="ablation: also DAPO with generator.mode=stream, for the stream gap",
+        help="ablation: also DAPO with generator.mode=batch and =stream, for the stream gap",
     )
     p.add_argument(
         "overrides", nargs="*", help="generator, async, ablation, learn, ladder: config overrides"

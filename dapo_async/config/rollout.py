@@ -29,7 +29,7 @@ class GeneratorConfig:
     tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
     heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.")
     mode: str = F(
-        "batch",
+        "stream",
         "batch (lease prompts_per_batch prompts, generate them all, send, repeat) or stream "
         "(keep max_inflight sequences decoding, send each group the moment its G responses "
         "finish and lease a new prompt in its place: no batch barrier).",

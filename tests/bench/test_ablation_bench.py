@@ -81,7 +81,7 @@ def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env)
     assert out.returncode == 0, out.stderr[-3000:]
     res = last_json(out)
     assert res["seeds"] == [0, 1] and res["steps"] == 2
-    for arm in ("dapo", "grpo", "dapo_sync", "dapo_stream"):
+    for arm in ("dapo", "grpo", "dapo_sync", "dapo_batch", "dapo_stream"):
         after = [
             json.loads((tmp_path / f"{arm}-seed{s}" / "eval_after.json").read_text())[
                 "eval/accuracy"
@@ -94,8 +94,9 @@ def test_ablation_trains_every_arm_per_seed(tiny_model, tmp_path, repo, cli_env)
         cfg = (tmp_path / f"{arm}-seed1" / "config.yaml").read_text()
         assert "seed: 1" in cfg
     assert "mode: stream" in (tmp_path / "dapo_stream-seed0" / "config.yaml").read_text()
+    assert "mode: batch" in (tmp_path / "dapo_batch-seed0" / "config.yaml").read_text()
     assert res["stream_gap"] == pytest.approx(
-        res["dapo_stream_heldout_after_mean"] - res["dapo_heldout_after_mean"]
+        res["dapo_stream_heldout_after_mean"] - res["dapo_batch_heldout_after_mean"]
     )
     # each arm trained its own config
     dapo_cfg = (tmp_path / "dapo-seed0" / "config.yaml").read_text()
