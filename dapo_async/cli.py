@@ -63,6 +63,7 @@ BENCHES = {
     "ablation": "dapo_async.bench.ablation_bench",
     "learn": "dapo_async.bench.learn_bench",
     "ladder": "dapo_async.bench.ladder_bench",
+    "faults": "dapo_async.bench.faults_bench",
 }
 
 

@@ -56,7 +56,7 @@ class StreamLoop(GeneratorLoop):
         self.update_pause_s = 0.0
         self.spans: list[int] = []  # versions spanned per finished response (since last report)
         self.lens: list[int] = []
-        self._last_metrics = time.monotonic()
+        self._last_metrics = 0.0  # the first report goes out at once
 
     # ------------------------------------------------------------------ steps
 
@@ -69,6 +69,7 @@ class StreamLoop(GeneratorLoop):
             t0 = time.monotonic()
             self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
             self.time_idle += time.monotonic() - t0
+            self._report()
             return False
         live = self.stream.num_inflight
         t0 = time.monotonic()
@@ -144,9 +145,9 @@ class StreamLoop(GeneratorLoop):
                 self.lens.append(len(c.tokens))
         return groups
 
-    def _report(self) -> None:
+    def _report(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.on_metrics is None or now - self._last_metrics < METRICS_EVERY_S:
+        if self.on_metrics is None or (not force and now - self._last_metrics < METRICS_EVERY_S):
             return
         self._last_metrics = now
         self.on_metrics(self.stream_metrics())
@@ -169,5 +170,6 @@ class StreamLoop(GeneratorLoop):
         return out
 
     def flush(self, *args, **kwargs) -> None:
+        self._report(force=True)  # the last figures, whatever the period
         self.counters["update_pause_s"] = round(self.update_pause_s, 3)
         super().flush(*args, **kwargs)

@@ -1,0 +1,123 @@
+"""`dapo-async bench faults`: what a SIGKILL costs a running job, measured on real runs.
+
+Three runs of the main job with the launcher (`dapo-async train`), roles killed from outside:
+
+- ``generators``: 40 steps with two generators, a random generator SIGKILLed at steps 5, 10, …,
+  30 (six kills): ``generator_kills_max_wait_s`` = the learner's longest wait for a batch;
+- ``buffer``: the buffer SIGKILLed after step 10: ``buffer_kill_stall_s`` = the longest time
+  between two learner steps (the buffer's restart, WAL replay and the peers' reconnection);
+- ``learner``: the learner SIGKILLed after step 10 (checkpoints every 5 steps):
+  ``learner_kill_stall_s`` = the longest time between two recorded steps (restart, model load,
+  resume, the steps since the checkpoint trained again).
+
+Each also reports ``*_median_step_s`` (the normal step interval) and whether the run finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from dapo_async.bench.common import print_result
+from dapo_async.tracking import read_metrics
+
+# Longest a scenario may take before it counts as hung.
+RUN_TIMEOUT_S = 900.0
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir, "learner") if "time/wait_data_s" in r]
+
+
+def _kill(launcher: subprocess.Popen, role: str, rng: random.Random) -> bool:
+    kids = [
+        p
+        for p in psutil.Process(launcher.pid).children()
+        if role in p.cmdline()[3:4]  # python -m dapo_async.cli ROLE
+    ]
+    if not kids:
+        return False
+    os.kill(rng.choice(kids).pid, signal.SIGKILL)
+    return True
+
+
+def run_scenario(config: str, overrides: list[str], run_dir: Path, role: str, at: list[int]):
+    """Train with ``role`` SIGKILLed once the learner recorded each step in ``at``."""
+    cmd = [sys.executable, "-m", "dapo_async.cli", "train", config, f"run_dir={run_dir}"]
+    proc = subprocess.Popen([*cmd, *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    rng, kills = random.Random(0), 0
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        for step in at:
+            while len(_steps(run_dir)) < step and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bench faults: {role} scenario hung")
+                time.sleep(0.2)
+            while proc.poll() is None and not _kill(proc, role, rng):
+                time.sleep(0.2)  # the role is restarting: wait for it
+            kills += 1
+        _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+    steps = _steps(run_dir)
+    times = [r["time"] for r in steps]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return {
+        "finished": proc.returncode == 0,
+        "kills": kills,
+        "steps": len({r["step"] for r in steps}),
+        "max_wait_s": max(r["time/wait_data_s"] for r in steps),
+        "max_gap_s": max(gaps),
+        "median_step_s": statistics.median(gaps),
+        "stderr_tail": "" if proc.returncode == 0 else err.decode()[-1500:],
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-faults-"))
+    base = ["tracking.aim=false", "learner.checkpoint_every=5", *args.overrides]
+    gens = run_scenario(args.config, [*base, "learner.num_steps=40", "generator.num_generators=2"],
+                        root / "generators", "generator", [5, 10, 15, 20, 25, 30])  # fmt: skip
+    buf = run_scenario(
+        args.config, [*base, "learner.num_steps=20"], root / "buffer", "buffer", [10]
+    )
+    lrn = run_scenario(
+        args.config, [*base, "learner.num_steps=20"], root / "learner", "learner", [10]
+    )
+    out = {
+        "generator_kills": gens["kills"],
+        "generator_kills_finished": gens["finished"],
+        "generator_kills_max_wait_s": gens["max_wait_s"],
+        "generator_kills_median_step_s": gens["median_step_s"],
+        "buffer_kill_finished": buf["finished"],
+        "buffer_kill_stall_s": buf["max_gap_s"],
+        "buffer_kill_median_step_s": buf["median_step_s"],
+        "learner_kill_finished": lrn["finished"],
+        "learner_kill_stall_s": lrn["max_gap_s"],
+        "learner_kill_median_step_s": lrn["median_step_s"],
+        "run_root": str(root),
+    }
+    for name, r in (("generators", gens), ("buffer", buf), ("learner", lrn)):
+        if r["stderr_tail"]:
+            print(f"[bench faults] {name} run failed:\n{r['stderr_tail']}", file=sys.stderr)
+    return print_result(
+        f"6 generator kills in 40 steps: longest batch wait {out['generator_kills_max_wait_s']:.1f}s "
+        f"(finished {gens['finished']}); buffer kill: stall {out['buffer_kill_stall_s']:.1f}s "
+        f"(finished {buf['finished']}); learner kill: stall {out['learner_kill_stall_s']:.1f}s "
+        f"(finished {lrn['finished']}); normal step {out['buffer_kill_median_step_s']:.1f}s",
+        out,
+        args.json,
+    )
