@@ -39,6 +39,9 @@ from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
 
+# Pacing does not wait for a lease whose generator has been silent this long (three missed
+# heartbeats): a killed generator would otherwise hold the step until buffer.lease_timeout_s.
+PACE_SILENT_S = 6.0
 # Group ids remembered after training, to ack late resends as duplicates (bounded memory).
 MAX_REMEMBERED_IDS = 1_000_000
 
@@ -269,10 +272,14 @@ class BufferState:
             raise ValueError(
                 f"buffer.groups_per_step ({need}) must be >= the number of learner ranks ({world_size})"
             )
-        if any(ls.deadline == step for ls in self.leases.values()):
+        now = time.monotonic()
+        if any(
+            ls.deadline == step and now - self.generators.get(ls.generator_id, 0.0) < PACE_SILENT_S
+            for ls in self.leases.values()
+        ):
             # pacing: a prompt still being generated must be trained at this step at the
             # latest; the step waits for it rather than leave it to go stale (a long response
-            # is never dropped for being slow)
+            # is never dropped for being slow) — unless its generator fell silent (killed)
             self.counters.paced_waits += 1
             return None
         min_version = step - self.cfg.max_staleness

@@ -71,3 +71,18 @@ def test_long_tail_completion_never_drops_a_slow_group(max_staleness):
                 break
     assert step == 40, f"the learner stalled at step {step}"
     assert s.counters.dropped["stale"] == 0
+
+
+def test_pacing_does_not_wait_for_a_silent_generator():
+    """A generator killed mid-generation stops heartbeating: the step goes on without its
+    prompt (which is leased again after buffer.lease_timeout_s)."""
+    import time
+
+    s = state()
+    a, b, c, d = s.grant("g", 4, now=time.monotonic() - 100)  # silent for 100 s since
+    for seq, ls in enumerate((b, c, d)):
+        s.ingest(group("g", seq, ls.lease_id, version=0))
+    s.generators["g"] = time.monotonic() - 100  # ingest counts as a sign of life
+    assert s.batch(0, 0, 1) is not None
+    assert s.batch(1, 0, 1) is None  # not enough groups, but not paced
+    assert s.counters.paced_waits == 0
