@@ -40,12 +40,20 @@ def _steps(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir, "learner") if "time/wait_data_s" in r]
 
 
+def role_processes(launcher_pid: int, role: str) -> list[psutil.Process]:
+    """The leader processes of ``role`` (buffer, learner, generator) under a launcher."""
+    out = []
+    for p in psutil.Process(launcher_pid).children():
+        try:
+            if role in p.cmdline()[3:4]:  # python -m dapo_async.cli ROLE ...
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def _kill(launcher: subprocess.Popen, role: str, rng: random.Random) -> bool:
-    kids = [
-        p
-        for p in psutil.Process(launcher.pid).children()
-        if role in p.cmdline()[3:4]  # python -m dapo_async.cli ROLE
-    ]
+    kids = role_processes(launcher.pid, role)
     if not kids:
         return False
     os.kill(rng.choice(kids).pid, signal.SIGKILL)

@@ -215,24 +215,33 @@ class GeneratorLoop:
         if lens:  # a batch decodes max(lens) steps for every row; the rest is padding
             self.t_slots += t_gen
             self.t_used += t_gen * sum(lens) / (len(lens) * max(max(lens), 1))
-        items = [
-            (c.text, gt, len(c.tokens))
-            for comps, gt in zip(outs, grant.ground_truths)
-            for c in comps
-        ]
-        scored = self.score_fn(items)
+        per_prompt = t_gen / max(len(outs), 1)
+        groups = self.score_groups(
+            [
+                (lease_id, prompt, truth, comps, per_prompt)
+                for lease_id, prompt, truth, comps in zip(
+                    grant.prompt_ids, grant.prompts, grant.ground_truths, outs
+                )
+            ],
+            version,
+        )
         self.time_generating += time.monotonic() - t0
+        return groups, t_gen
+
+    def score_groups(self, done: list[tuple], version: int) -> list[protocol.Group]:
+        """Score the responses of several prompts in one reward-pool call and make one group
+        each. ``done``: (lease id, prompt, ground truth, completions, generation seconds) per
+        prompt; ``version`` tags tokens whose completion carries no versions of its own."""
+        scored = self.score_fn(
+            [(c.text, truth, len(c.tokens)) for _, _, truth, comps, _ in done for c in comps]
+        )
         groups, k = [], 0
-        for lease_id, prompt, comps in zip(grant.prompt_ids, grant.prompts, outs):
+        for lease_id, prompt, _, comps, took in done:
             sc = scored[k : k + len(comps)]
             k += len(comps)
-            groups.append(
-                make_group(
-                    self.id, self.seq, lease_id, prompt, comps, sc, version, t_gen / len(outs)
-                )
-            )
+            groups.append(make_group(self.id, self.seq, lease_id, prompt, comps, sc, version, took))
             self.seq += 1
-        return groups, t_gen
+        return groups
 
     def send_groups(self, groups: list[protocol.Group]) -> None:
         """Into the outbox (until acknowledged), then one ScoredGroups message."""

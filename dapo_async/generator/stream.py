@@ -26,7 +26,6 @@ from dapo_async.generator.loop import (
     WEIGHTS_WAIT_S,
     GeneratorLoop,
 )
-from dapo_async.generator.rollout import make_group
 
 # Stream-mode metrics are reported at most this often (groups may finish every few ms).
 METRICS_EVERY_S = 1.0
@@ -124,26 +123,14 @@ class StreamLoop(GeneratorLoop):
 
     def _groups(self, done) -> list[protocol.Group]:
         now = time.monotonic()
-        items, metas = [], []
+        finished = []
         for rid, comps in done:
             lease_id, prompt, truth, t_added = self.inflight.pop(rid)
-            metas.append((lease_id, prompt, comps, now - t_added))
-            items += [(c.text, truth, len(c.tokens)) for c in comps]
-        scored = self.score_fn(items)
-        groups, k = [], 0
-        for lease_id, prompt, comps, took in metas:
-            sc = scored[k : k + len(comps)]
-            k += len(comps)
-            groups.append(
-                make_group(
-                    self.id, self.seq, lease_id, prompt, comps, sc, self.engine.version, took
-                )
-            )
-            self.seq += 1
+            finished.append((lease_id, prompt, truth, comps, now - t_added))
             for c in comps:
                 self.spans.append(len(np.unique(c.versions)) if len(c.tokens) else 0)
                 self.lens.append(len(c.tokens))
-        return groups
+        return self.score_groups(finished, self.engine.version)
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()

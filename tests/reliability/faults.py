@@ -9,8 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 from testutil import TRAIN_FAST
+
+from dapo_async.bench.faults_bench import role_processes
 
 # A short main job with a checkpoint every 3 steps (the WAL is on by default).
 FAST = [*TRAIN_FAST, "learner.checkpoint_every=3"]
@@ -41,21 +42,9 @@ def wait_for(cond, timeout_s: float, what: str, proc=None) -> None:
         time.sleep(0.2)
 
 
-def role_processes(launcher: subprocess.Popen, role: str) -> list[psutil.Process]:
-    """The leader process of ``role`` (buffer, learner, generator) under the launcher."""
-    out = []
-    for p in psutil.Process(launcher.pid).children(recursive=False):
-        try:
-            if role in p.cmdline()[3:4]:  # python -m dapo_async.cli ROLE ...
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def kill_role(launcher: subprocess.Popen, role: str) -> int:
     """SIGKILL the leader of every process of ``role``; returns how many were killed."""
-    procs = role_processes(launcher, role)
+    procs = role_processes(launcher.pid, role)
     for p in procs:
         os.kill(p.pid, signal.SIGKILL)
     return len(procs)
