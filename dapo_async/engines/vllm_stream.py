@@ -36,7 +36,6 @@ class VLLMStream:
         self.engine = engine
         self.core = engine.llm.llm_engine
         self.chunk_tokens = chunk_tokens
-        self.params: SamplingParams | None = None
         self.inflight: dict[str, int] = {}  # request -> responses (n)
 
     @property
@@ -45,14 +44,12 @@ class VLLMStream:
 
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         from dapo_async.engines.vllm import vllm_params
 
         if request_id in self.inflight:
             raise ValueError(f"request {request_id!r} is already in flight")
-        self.params = params
-        from vllm.sampling_params import RequestOutputKind
-
         sp = vllm_params(params)
         # one output per request, when all n responses are done, holding all n (the default,
         # cumulative, kind reports the responses one by one)
