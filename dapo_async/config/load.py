@@ -38,8 +38,17 @@ def _section_type(root: type, dotted: str) -> type | None:
     return cls
 
 
+# Keys that were replaced, with what to write instead.
+RENAMED = {
+    "model.dtype": "split into learner.param_dtype (master weights), learner.compute_dtype "
+    "and generator.dtype (the engine)",
+}
+
+
 def _key_error(full_key: str) -> ConfigError:
     """An unknown-key error with the nearest valid name."""
+    if full_key in RENAMED:
+        return ConfigError(full_key, f"no longer a key: {RENAMED[full_key]}")
     section = _section_type(RunConfig, full_key)
     leaf = full_key.split(".")[-1]
     if section is None:

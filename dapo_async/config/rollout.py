@@ -23,6 +23,9 @@ class GeneratorConfig:
     logprobs_mode: str = F(
         "processed", "Behaviour log-probs: processed (after temperature/top-p) | raw."
     )
+    dtype: str = F(
+        "auto", "Engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16."
+    )
     max_model_len: int = F(256, "vLLM: maximum sequence length.")
     cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
@@ -70,6 +73,7 @@ class GeneratorConfig:
     def check(self, p: str) -> None:
         _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
         _choice(self.mode, ("batch", "stream"), f"{p}.mode")
+        _choice(self.dtype, ("auto", "float32", "bfloat16"), f"{p}.dtype")
         _need(self.max_inflight >= 0, f"{p}.max_inflight", "must be >= 0")
         _need(self.update_interval_tokens >= 1, f"{p}.update_interval_tokens", "must be >= 1")
         _need(

@@ -24,7 +24,6 @@ class ModelConfig:
         "Init seed of the built-in tiny model (weights and warm-start data), separate from the "
         "run's `seed`; a different value builds a different model (use its own tiny_dir).",
     )
-    dtype: str = F("float32", "Parameter dtype for learner and engines: float32 | bfloat16.")
     reference_path: str = F("", "Frozen reference model for KL; empty = the initial policy.")
 
     @property
@@ -33,7 +32,7 @@ class ModelConfig:
         return self.path or self.tiny_dir
 
     def check(self, p: str) -> None:
-        _choice(self.dtype, ("float32", "bfloat16"), f"{p}.dtype")
+        """Paths are checked before roles start (``launch``); nothing to check here."""
 
 
 @dataclass
@@ -193,6 +192,25 @@ class LearnerConfig:
     keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
     eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
     backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
+    collective_timeout_s: float = F(
+        1800.0,
+        "Timeout of the training world's collectives: long enough for the rank-0-only work "
+        "between them (checkpoint writes, held-out evaluation), short enough that a dead rank "
+        "ends the run.",
+    )
+    param_dtype: str = F(
+        "float32", "Master weights and AdamW state: float32 (keeps small updates) | bfloat16."
+    )
+    compute_dtype: str = F(
+        "auto",
+        "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
+        "CUDA, float32 on CPU) | float32 | bfloat16.",
+    )
+    logprob_chunk_tokens: int = F(
+        1024,
+        "Response positions per chunk when computing log-probs and entropy from hidden states "
+        "(full-vocabulary logits exist for one chunk at a time); 0 = all at once.",
+    )
     fsdp: bool = F(
         False, "Shard parameters, gradients and optimizer state with FSDP2 instead of DDP."
     )
@@ -216,6 +234,10 @@ class LearnerConfig:
         _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
         _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
         _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
+        _need(self.collective_timeout_s > 0, f"{p}.collective_timeout_s", "must be > 0")
+        _choice(self.param_dtype, ("float32", "bfloat16"), f"{p}.param_dtype")
+        _choice(self.compute_dtype, ("auto", "float32", "bfloat16"), f"{p}.compute_dtype")
+        _need(self.logprob_chunk_tokens >= 0, f"{p}.logprob_chunk_tokens", "must be >= 0")
 
 
 @dataclass
@@ -232,6 +254,12 @@ class WeightSyncConfig:
         "host:port of learner rank 0's weight-sync store, for generators on other hosts; "
         "empty = read <run_dir>/endpoints/wsync.",
     )
+    wire_dtype: str = F(
+        "auto",
+        "dist mode: dtype the weights travel and are staged in: auto (= generator.dtype) | "
+        "float32 | "
+        "bfloat16 (half the bytes of float32).",
+    )
     allow_unauthenticated_network: bool = F(
         False,
         "dist mode binds launch.host beyond loopback only with this set: the torch.distributed "
@@ -244,6 +272,7 @@ class WeightSyncConfig:
         _need(self.bucket_mb >= 1, f"{p}.bucket_mb", "must be >= 1")
         _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
         _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")
+        _choice(self.wire_dtype, ("auto", "float32", "bfloat16"), f"{p}.wire_dtype")
 
 
 @dataclass

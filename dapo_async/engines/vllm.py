@@ -69,26 +69,29 @@ def completion(c, versions: list[int] | None = None) -> Completion:
     )
 
 
-def _on_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
+def vllm_environment(gpu: bool, cpu_kvcache_gib: int) -> None:
+    """Environment vLLM reads at import and start-up. On GPUs its workers are spawned, not
+    forked: a forked child cannot initialise CUDA if the parent already has (anything in the
+    generator touching ``torch.cuda`` first would make vLLM fail to start). The GPU check itself
+    (``devices.on_gpu``) goes through NVML and creates no CUDA context."""
+    if gpu:
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    else:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_gib))
 
 
 class VLLMEngine:
     def __init__(self, model_dir: str, cfg, seed: int = 0):
+        from dapo_async.devices import dtype_name, engine_device, on_gpu, resolve_dtype
+
         g = cfg.generator
-        gpu = _on_gpu()
-        if not gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(g.cpu_kvcache_gib))
+        gpu = on_gpu()
+        vllm_environment(gpu, g.cpu_kvcache_gib)
         from vllm import LLM
 
         kwargs = dict(
             model=str(model_dir),
-            dtype=cfg.model.dtype,
+            dtype=dtype_name(resolve_dtype(g.dtype, engine_device())),
             max_model_len=g.max_model_len,
             seed=seed,
             worker_extension_cls=WORKER_EXTENSION,
@@ -113,6 +116,7 @@ class VLLMEngine:
         # update and their KV recomputed by the new weights (else they keep the old KV)
         self.reset_running = False
         self.streaming = False  # a VLLMStream is decoding: updates hold the scheduler
+        self._wsync_last = (-1, -1)  # the last weight-sync round the workers were given
         base = TMPFS if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK) else None
         self._tmp = tempfile.mkdtemp(prefix="dapo-vllm-weights-", dir=base)
 
@@ -193,13 +197,18 @@ class VLLMEngine:
 
     def poll_weight_sync(self) -> dict | None:
         """Take part in an open round, if any; on success the engine runs the new version.
-        Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept)."""
+        Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept).
+        The round is read once, from the first worker, and every tensor-parallel worker is
+        given that same round (each reading it on its own could pick different rounds)."""
         from dapo_async.weight_sync.base import WeightSyncError
 
-        if self.streaming and not any(self.llm.collective_rpc("dapo_wsync_pending")):
+        at = self.llm.collective_rpc("dapo_wsync_latest")[0]
+        if tuple(at) <= self._wsync_last:
             return None  # (checked first so the scheduler is held only for a real round)
         with self._paused():
-            results = [r for r in self.llm.collective_rpc("dapo_wsync_poll") if r is not None]
+            results = self.llm.collective_rpc("dapo_wsync_poll", args=(at,))
+            self._wsync_last = tuple(at)
+            results = [r for r in results if r is not None]
             if not results:
                 return None
             errors = [r["error"] for r in results if "error" in r]

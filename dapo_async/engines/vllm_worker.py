@@ -53,17 +53,18 @@ class WorkerExtension:
         self._dapo_digests = digests
         return rid
 
-    def dapo_wsync_pending(self) -> bool:
-        """Whether a weight-sync round is waiting for this worker (no transfer)."""
-        return self._dapo_receiver.pending()
+    def dapo_wsync_latest(self) -> list[int]:
+        """The newest announced (epoch, round) (no transfer)."""
+        return list(self._dapo_receiver.latest())
 
-    def dapo_wsync_poll(self) -> dict | None:
-        """Take part in an open weight-sync round, if any: receive, verify, reload. Returns
+    def dapo_wsync_poll(self, at: list[int]) -> dict | None:
+        """Take part in round ``at`` (read once by the generator and given to every
+        tensor-parallel worker alike): receive, verify, reload. Returns
         {"version", "error"?, "digests"?} when a round was attempted, None otherwise."""
         from dapo_async.weight_sync.base import WeightSyncError
 
         try:
-            got = self._dapo_receiver.poll()
+            got = self._dapo_receiver.poll(at=tuple(at))
         except WeightSyncError as e:
             return {"version": self._dapo_receiver.version, "error": str(e)}
         if got is None:
@@ -71,12 +72,9 @@ class WorkerExtension:
         state, version = got
         out: dict = {"version": version}
         if self._dapo_digests:
-            import xxhash
+            from dapo_async.weight_sync.buckets import tensor_digest
 
-            out["digests"] = {
-                k: xxhash.xxh3_64_intdigest(v.contiguous().numpy().tobytes())
-                for k, v in state.items()
-            }
+            out["digests"] = {k: tensor_digest(v) for k, v in state.items()}
         self._dapo_reload(dict(state))
         return out
 

@@ -17,6 +17,7 @@ import zmq
 
 from dapo_async import transport
 from dapo_async.config import load_config
+from dapo_async.devices import on_gpu
 from dapo_async.engines import make_engine
 from dapo_async.engines.base import SamplingParams
 from dapo_async.generator.loop import GeneratorLoop
@@ -106,9 +107,7 @@ def refill_sequences(g) -> int:
     (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA, drain on CPU)."""
     fraction = g.refill_at
     if fraction < 0:
-        import torch
-
-        fraction = 1.0 if torch.cuda.is_available() else 0.0
+        fraction = 1.0 if on_gpu() else 0.0
     return int(fraction * g.inflight_target)
 
 
@@ -140,7 +139,7 @@ def make_scorer(cfg):
 
 def engine_for(cfg, path: str):
     """The configured engine (generator.engine) over ``path``."""
-    return make_engine(cfg.generator.engine, path, cfg.model.dtype, vllm_cfg=cfg, seed=cfg.seed)
+    return make_engine(cfg.generator.engine, path, cfg.generator.dtype, vllm_cfg=cfg, seed=cfg.seed)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ class MicroBatch:
             return self
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor):
+                if device.type == "cuda":
+                    value = value.pin_memory()  # so the copy below is truly asynchronous
                 setattr(self, name, value.to(device, non_blocking=True))
         return self
 
@@ -136,19 +138,28 @@ def split_by_tokens(rows: Rows, max_tokens: int, num_parts: int = 1) -> list[np.
     return out
 
 
-def collate(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool = False) -> MicroBatch:
+def collate(
+    rows: Rows,
+    idx: np.ndarray,
+    pad_id: int,
+    overlong_filter: bool = False,
+    device: torch.device | str = "cpu",
+) -> MicroBatch:
+    """One micro-batch of rows ``idx``, filled on the host and moved to ``device`` (the model's:
+    every tensor names its device, none relies on the default one)."""
     b = len(idx)
     lens = [len(rows.prompts[i]) + len(rows.responses[i]) for i in idx]
     L = max(lens)
     T = max(max(len(rows.responses[i]) for i in idx), 1)
-    ids = torch.full((b, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, L), dtype=torch.long)
-    behav = torch.zeros((b, T))
-    adv = torch.zeros((b, T))
-    mask = torch.zeros((b, T))
-    vers = torch.zeros((b, T), dtype=torch.long)
-    start = torch.zeros(b, dtype=torch.long)
-    rlen = torch.zeros(b, dtype=torch.long)
+    host = torch.device("cpu")
+    ids = torch.full((b, L), pad_id, dtype=torch.long, device=host)
+    attn = torch.zeros((b, L), dtype=torch.long, device=host)
+    behav = torch.zeros((b, T), device=host)
+    adv = torch.zeros((b, T), device=host)
+    mask = torch.zeros((b, T), device=host)
+    vers = torch.zeros((b, T), dtype=torch.long, device=host)
+    start = torch.zeros(b, dtype=torch.long, device=host)
+    rlen = torch.zeros(b, dtype=torch.long, device=host)
     for k, i in enumerate(idx.tolist()):
         p, r = rows.prompts[i], rows.responses[i]
         n = len(r)
@@ -161,23 +172,4 @@ def collate(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool = Fa
         keep = 0.0 if (overlong_filter and rows.truncated[i]) else 1.0
         mask[k, :n] = keep
         adv[k, :n] = float(rows.adv[i])
-    return MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx)
-
-
-def response_logprobs(
-    logits_BLV: torch.Tensor, mb: MicroBatch, temperature: float = 1.0
-) -> torch.Tensor:
-    """log π(response token) as [B, T] (zeros past each response's end)."""
-    b, t = mb.mask_BT.shape
-    pos_BT = mb.resp_start_B[:, None] - 1 + torch.arange(t, device=mb.resp_start_B.device)[None, :]
-    pos_BT = pos_BT.clamp(max=logits_BLV.shape[1] - 1)
-    tok_pos_BT = (pos_BT + 1).clamp(max=mb.input_ids_BL.shape[1] - 1)
-    logits_BTV = logits_BLV.gather(1, pos_BT[..., None].expand(b, t, logits_BLV.shape[-1]))
-    if temperature != 1.0:
-        logits_BTV = logits_BTV / temperature
-    targets_BT = mb.input_ids_BL.gather(1, tok_pos_BT)
-    if logits_BTV.dtype not in (torch.float32, torch.float64):
-        logits_BTV = logits_BTV.float()  # log-softmax of bf16/fp16 logits in fp32
-    logp_BT = torch.log_softmax(logits_BTV, -1).gather(-1, targets_BT[..., None]).squeeze(-1)
-    valid_BT = torch.arange(t, device=logp_BT.device)[None, :] < mb.resp_len_B[:, None]
-    return torch.where(valid_BT, logp_BT, torch.zeros_like(logp_BT))
+    return MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx).to(torch.device(device))

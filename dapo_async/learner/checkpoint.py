@@ -38,6 +38,8 @@ def rng_state() -> dict:
         "python": random.getstate(),
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
+        # every GPU's generator (dropout, sampling on the device), where CUDA is in use
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
     }
 
 
@@ -46,6 +48,9 @@ def set_rng_state(state: dict) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def save(
@@ -94,7 +99,9 @@ def load_trainer_state(ckpt: Path) -> dict:
     checkpoint cannot run code when a run resumes."""
     path = Path(ckpt) / TRAINER_STATE
     try:
-        return torch.load(path, weights_only=True)
+        # onto the host: without map_location every rank would put the saved optimizer state
+        # on the device it was saved from (cuda:0); the optimizer moves it to its parameters'
+        return torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0][:200]
         raise CheckpointError(

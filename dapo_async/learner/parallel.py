@@ -1,6 +1,10 @@
 """How the policy is spread over the learner ranks: one rank, DDP or FSDP2.
 
-Owns the wrapping (DDP replicates, FSDP2 ``fully_shard``s every decoder layer and then the root),
+Owns the wrapping (the HF model goes inside ``ResponseLogProbs``, the module that is trained; DDP
+replicates it, FSDP2 ``fully_shard``s every decoder layer and then makes it the root), mixed
+precision (parameters stay in their dtype — fp32 master weights — and compute runs in
+``compute_dtype``: autocast for one rank and DDP, a ``MixedPrecisionPolicy`` with fp32 gradient
+reduction under FSDP2),
 activation checkpointing, the gradient-sync switch for micro-batch accumulation, the small
 collectives the trainer needs (sums and maxima of counts), and gathering full weights and optimizer
 state on rank 0 for checkpoints and weight sync.
@@ -16,6 +20,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from dapo_async.learner.logprobs import ResponseLogProbs
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -33,10 +39,14 @@ class Parallel:
         world_size: int = 1,
         fsdp: bool = False,
         activation_checkpointing: bool = False,
+        compute_dtype: torch.dtype | None = None,
+        logprob_chunk_tokens: int = 1024,
     ):
         self.model = model
         # collectives of counts run where the model lives (NCCL needs CUDA tensors)
         self.device = next(model.parameters()).device
+        param_dtype = next(model.parameters()).dtype
+        compute_dtype = compute_dtype or param_dtype
         self.rank = rank
         self.world_size = world_size
         self.fsdp = fsdp and world_size > 1
@@ -50,27 +60,40 @@ class Parallel:
             )
             if getattr(model, "config", None) is not None:
                 model.config.use_cache = False
+        self.policy = ResponseLogProbs(model, logprob_chunk_tokens)
+        # autocast where parameters and compute differ (FSDP2 casts through its policy instead)
+        self.autocast_dtype = None
         if self.fsdp:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
             for layer in decoder_layers(model):
-                fully_shard(layer)
-            fully_shard(model)
-            self.train_model = model
-        elif world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = DistributedDataParallel(model, device_ids=ids)
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(self.policy, mp_policy=mp)
+            self.train_model = self.policy
         else:
-            self.train_model = model
+            if compute_dtype != param_dtype:
+                self.autocast_dtype = compute_dtype
+            if world_size > 1:
+                from torch.nn.parallel import DistributedDataParallel
+
+                ids = [self.device.index] if self.device.type == "cuda" else None
+                self.train_model = DistributedDataParallel(self.policy, device_ids=ids)
+            else:
+                self.train_model = self.policy
+
+    def autocast(self):
+        """Context for a forward pass in the compute dtype."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     # ------------------------------------------------------------------ gradient sync
 
     def grad_sync(self, enabled: bool):
         """Context for one micro-batch's backward: reduce gradients only when ``enabled``."""
         if self.fsdp:
-            self.model.set_requires_gradient_sync(enabled)
+            self.policy.set_requires_gradient_sync(enabled)
             return contextlib.nullcontext()
         if enabled or not hasattr(self.train_model, "no_sync"):
             return contextlib.nullcontext()

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 import zlib
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dapo_async import checkpoint_dirs, protocol, transport
 from dapo_async.data.datasets import load_source
+from dapo_async.devices import learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
 from dapo_async.keys import run_keys_dir
 from dapo_async.learner import checkpoint
@@ -43,24 +44,23 @@ from dapo_async.utils import atomic_write_json
 from dapo_async.weight_sync.factory import make_publisher
 
 
-def init_process_group(cfg, world: int) -> None:
-    """The training world (torchrun's environment), when there is more than one rank."""
+def init_process_group(cfg, world: int, device: torch.device) -> None:
+    """The training world (torchrun's environment), when there is more than one rank, with
+    ``learner.collective_timeout_s`` (rank-0-only work between collectives — checkpoint writes,
+    held-out evaluation — must fit in it) and, on GPUs, this rank's device bound up front
+    (NCCL communicators are created eagerly instead of at the first collective)."""
     if world <= 1:
         return
     import torch.distributed as dist
 
     backend = cfg.learner.backend
     if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-
-
-def learner_device() -> torch.device:
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        timeout=timedelta(seconds=cfg.learner.collective_timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
 
 
 class Learner:
@@ -84,7 +84,8 @@ class Learner:
     def build(self) -> Learner:
         cfg = self.cfg
         torch.manual_seed(cfg.seed + self.rank)
-        init_process_group(cfg, self.world)
+        self.device = learner_device(local_rank())
+        init_process_group(cfg, self.world, self.device)
         self.model, self.tokenizer, ref_model = self._load_models()
         endpoint = cfg.launch.buffer_endpoint or read_endpoint(
             self.run_dir, "buffer", stop=self.stop
@@ -99,7 +100,7 @@ class Learner:
         )
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
-            self.publisher = make_publisher(cfg, self.run_dir)
+            self.publisher = make_publisher(cfg, self.run_dir, self.device)
             d = cfg.data
             source = d.eval_source or d.source
             self.eval_records = load_source(
@@ -110,8 +111,10 @@ class Learner:
     def _load_models(self):
         cfg = self.cfg
         src_dir = cfg.model.source_dir
-        dtype = getattr(torch, cfg.model.dtype)
-        device = learner_device()
+        device = self.device
+        # master weights in learner.param_dtype; the frozen reference only computes
+        dtype = resolve_dtype(cfg.learner.param_dtype, device)
+        ref_dtype = resolve_dtype(cfg.learner.compute_dtype, device)
         load_dir = str(self.resume_from) if self.resume_from else src_dir
         model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(src_dir)
@@ -120,7 +123,8 @@ class Learner:
             ref_dir = cfg.model.reference_path or src_dir
             if not Path(ref_dir).is_dir():
                 raise SystemExit(f"model.reference_path: no such directory: {ref_dir!r}")
-            ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=dtype).to(device)
+            ref_model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=ref_dtype)
+            ref_model.to(device)
             self.log.info("frozen reference model from %s", ref_dir)
         self._ref_model = ref_model
         return model, tokenizer, ref_model
@@ -144,6 +148,8 @@ class Learner:
             self.world,
             fsdp=lc.fsdp,
             activation_checkpointing=lc.activation_checkpointing,
+            compute_dtype=resolve_dtype(lc.compute_dtype, self.device),
+            logprob_chunk_tokens=lc.logprob_chunk_tokens,
         )
         self.trainer = Trainer(
             self.par, self.cfg, self.tokenizer.pad_token_id, ref_model=self._ref_model
@@ -272,9 +278,10 @@ class Learner:
         """The live model, or under FSDP2 an unsharded copy of the gathered weights."""
         if not self.par.fsdp:
             return self.par.model
-        m = AutoModelForCausalLM.from_config(copy.deepcopy(self.par.model.config))
+        dtype = resolve_dtype(self.cfg.learner.compute_dtype, self.device)
+        m = AutoModelForCausalLM.from_config(copy.deepcopy(self.par.model.config), dtype=dtype)
         m.load_state_dict(self.full)
-        return m
+        return m.to(self.device)
 
     def track(self, step: int, metrics: dict, evaluate: bool) -> None:
         if evaluate:

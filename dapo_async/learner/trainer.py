@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from dapo_async.algo.dpo import dpo_loss, dpo_pairs
-from dapo_async.algo.entropy import entropy_from_logits
 from dapo_async.algo.losses import PolicyLossConfig, policy_loss
 from dapo_async.config import RunConfig
 from dapo_async.learner.batching import (
@@ -38,10 +37,10 @@ from dapo_async.learner.batching import (
     Rows,
     collate,
     groups_to_rows,
-    response_logprobs,
     split_by_tokens,
     subset,
 )
+from dapo_async.learner.logprobs import ResponseLogProbs
 from dapo_async.learner.parallel import Parallel
 from dapo_async.protocol import Group
 
@@ -87,14 +86,21 @@ class Trainer:
         self.train_model = par.train_model
         self.world_size = par.world_size
         self.pad_id = pad_id
-        self.ref_model = ref_model
+        self.device = par.device
+        lc = cfg.learner
+        self.ref_model = None
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
+            self.ref_model = ResponseLogProbs(ref_model, lc.logprob_chunk_tokens)
         self.loss_cfg = loss_config(cfg)
-        lc = cfg.learner
+        # AdamW over the master weights (learner.param_dtype); fused kernels on GPUs
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=lc.lr, betas=tuple(lc.betas), weight_decay=lc.weight_decay
+            self.model.parameters(),
+            lr=lc.lr,
+            betas=tuple(lc.betas),
+            weight_decay=lc.weight_decay,
+            fused=self.device.type == "cuda" or None,
         )
         warm = max(lc.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -102,28 +108,22 @@ class Trainer:
         )
         self.version = 0
         self.temperature = cfg.generator.temperature
-        self.device = next(self.model.parameters()).device
-        # bf16 autocast on GPUs (parameters and optimizer state stay fp32); fp32 on CPUs
-        self.autocast = self.device.type == "cuda" and cfg.model.dtype == "float32"
 
     # ------------------------------------------------------------------ helpers
 
-    def _forward_logp(self, model, mb: MicroBatch, with_entropy: bool = False):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_BL).logits
-        logp = response_logprobs(logits, mb, self.temperature)
-        ent = None
-        if with_entropy:
-            with torch.no_grad():
-                t = mb.mask_BT.shape[1]
-                ar = torch.arange(t, device=logits.device)
-                pos = (mb.resp_start_B[:, None] - 1 + ar[None, :]).clamp(max=logits.shape[1] - 1)
-                sel = (
-                    logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))
-                    / self.temperature
-                )
-                ent = entropy_from_logits(sel)
-        return logp, ent
+    def _forward_logp(self, policy, mb: MicroBatch, with_entropy: bool = False):
+        """Response log-probs (and entropy) from ``policy`` (a ``ResponseLogProbs``, possibly
+        DDP/FSDP2-wrapped) in the compute dtype."""
+        with self.par.autocast():
+            return policy(
+                mb.input_ids_BL,
+                mb.attention_BL,
+                mb.resp_start_B,
+                mb.resp_len_B,
+                mb.mask_BT.shape[1],
+                self.temperature,
+                with_entropy,
+            )
 
     def _micro_batches(self, rows: Rows, parts: list[list[np.ndarray]], unit: int = 1):
         """Collate each mini-batch's micro-batches (given as row-index arrays), padded with empty
@@ -131,10 +131,12 @@ class Trainer:
         out = []
         for idx_list in parts:
             mbs = [
-                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter) for idx in idx_list
+                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter, self.device)
+                for idx in idx_list
             ]
             for _ in range(self.par.max_int(len(mbs)) - len(mbs)):
-                mbs.append(_empty_like(collate(rows, np.zeros(unit, np.int64), self.pad_id)))
+                empty = collate(rows, np.zeros(unit, np.int64), self.pad_id, device=self.device)
+                mbs.append(_empty_like(empty))
             out.append(mbs)
         return out
 

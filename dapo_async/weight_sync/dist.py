@@ -28,7 +28,6 @@ their own model; a mismatch raises ``WeightSyncError`` and keeps the previous we
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import socket
@@ -41,9 +40,11 @@ import torch
 import torch.distributed as dist
 
 from dapo_async.config import WeightSyncConfig
+from dapo_async.devices import record_event, side_stream, use_stream, wait_event
 from dapo_async.utils import is_loopback
 from dapo_async.weight_sync.base import WeightPublisher, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
+from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,6 @@ STORE_TIMEOUT_S = 30.0
 REFORM_AFTER_FAILURE_S = 2.5
 # Idle sender thread wakes up this often to look for new members.
 SENDER_POLL_S = 0.2
-
-
-def _device(backend: str) -> str:
-    """NCCL moves CUDA tensors (this process's current device); gloo moves CPU tensors."""
-    if backend == "nccl":
-        return f"cuda:{torch.cuda.current_device()}"
-    return "cpu"
 
 
 def default_backend() -> str:
@@ -86,22 +80,6 @@ def listen_socket(host: str, port: int = 0) -> socket.socket:
     return sock
 
 
-def nccl_options(timeout_s: float):
-    """NCCL group options carrying weight_sync.timeout_s: the constructor takes no timeout, and
-    without one NCCL uses its own default (10 minutes) instead of the configured one. c10d's
-    own group helper sets ``_timeout`` the same way."""
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timedelta(seconds=timeout_s)
-    return opts
-
-
-def _group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: str):
-    prefix = dist.PrefixStore(f"wsync/{epoch}", store)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefix, rank, size, nccl_options(timeout_s)), prefix
-    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s)), prefix
-
-
 class DistWeightPublisher(WeightPublisher):
     """Learner rank 0 side. ``publish`` snapshots the weights and returns at once."""
 
@@ -112,6 +90,7 @@ class DistWeightPublisher(WeightPublisher):
         host: str = "127.0.0.1",
         port: int | None = None,
         backend: str = "gloo",
+        wire_dtype: torch.dtype | None = None,
     ):
         from dapo_async.roles import write_endpoint
 
@@ -130,7 +109,12 @@ class DistWeightPublisher(WeightPublisher):
         self.timeout_s = ws.timeout_s
         self.bucket_bytes = ws.bucket_mb << 20
         self.backend = backend
-        self.device = _device(backend)
+        self.device = group_device(backend)
+        self.wire_dtype = wire_dtype  # floating tensors travel (and are staged) in this dtype
+        # the sender's collectives run on a stream of their own: waits never land on the
+        # learner's compute stream (None on CPU)
+        self.stream = side_stream(self.device)
+        self.staged_event = self.bucket_event = None  # CUDA: the staging copy is done
         self.store = dist.TCPStore(
             self.host,
             self.port,
@@ -168,8 +152,7 @@ class DistWeightPublisher(WeightPublisher):
         with self._cv:
             self._allocate([(k, v.shape, v.dtype) for k, v in state_dict.items()])
             self.staged.pack(state_dict)
-            self.staged_version = version
-            self._cv.notify()
+            self._staged(version)
 
     def publish_stream(self, shapes, items, version: int) -> None:
         """Like ``publish``, from (name, tensor) pairs copied in one at a time (an FSDP2
@@ -177,13 +160,18 @@ class DistWeightPublisher(WeightPublisher):
         with self._cv:
             self._allocate(list(shapes))
             self.staged.pack_items(items)
-            self.staged_version = version
-            self._cv.notify()
+            self._staged(version)
+
+    def _staged(self, version: int) -> None:
+        # the copies were queued on the learner's stream: the sender waits for this event
+        self.staged_event = record_event()
+        self.staged_version = version
+        self._cv.notify()
 
     def _allocate(self, shapes: list) -> None:
         if self.staged is None:
-            self.staged = FlatBuckets(shapes, self.bucket_bytes, self.device)
-            self.buckets = FlatBuckets(shapes, self.bucket_bytes, self.device)
+            self.staged = FlatBuckets(shapes, self.bucket_bytes, self.device, self.wire_dtype)
+            self.buckets = FlatBuckets(shapes, self.bucket_bytes, self.device, self.wire_dtype)
 
     def wait_sent(self, version: int, timeout_s: float) -> bool:
         """Block until ``version`` (or newer) reached every member (tests, shutdown)."""
@@ -198,9 +186,7 @@ class DistWeightPublisher(WeightPublisher):
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=self.timeout_s + 5)
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
+        close_group(self.pg, self.backend)
         self._listener.close()
 
     # ------------------------------------------------------------------ sender thread
@@ -225,10 +211,8 @@ class DistWeightPublisher(WeightPublisher):
     def _new_epoch(self, members: list[str]) -> None:
         """Announce a new member list; the group itself is built once the round is announced
         (building it is a rendezvous the receivers join when they see the round)."""
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
-            self.pg = None
+        close_group(self.pg, self.backend)
+        self.pg = None
         self.epoch += 1
         self.members = members
         self.store.set(f"epoch/{self.epoch}", json.dumps(members))
@@ -252,6 +236,7 @@ class DistWeightPublisher(WeightPublisher):
                     # the previous round is over: its buffers become the next staging set
                     self.buckets, self.staged = self.staged, self.buckets
                     self.bucket_version = self.staged_version
+                    self.bucket_event = self.staged_event
                 version = self.bucket_version
             try:
                 self._send_round(version)
@@ -263,10 +248,8 @@ class DistWeightPublisher(WeightPublisher):
                 )
                 # close the group now (the survivors' pending receive fails instead of waiting
                 # out the timeout) and re-form with the members that beat after the failure
-                if self.pg is not None:
-                    with contextlib.suppress(Exception):
-                        self.pg.shutdown()
-                    self.pg = None
+                close_group(self.pg, self.backend)
+                self.pg = None
                 self.members = []
                 self.failed_at = time.time()
                 time.sleep(REFORM_AFTER_FAILURE_S)
@@ -294,16 +277,17 @@ class DistWeightPublisher(WeightPublisher):
         self.store.set(f"round/{self.epoch}/{self.round}", json.dumps(manifest))
         self.store.set("latest", json.dumps([self.epoch, self.round]))
         if self.pg is None:
-            self.pg, _ = _group(
+            self.pg, _ = make_group(
                 self.store, self.epoch, 0, len(self.members) + 1, self.timeout_s, self.backend
             )
         works, digests = [], []
-        for buf in self.buckets.buffers:  # digest bucket i while it is on the wire
-            works.append(self.pg.broadcast(buf, 0))
-            digests.append(digest(buf))
+        with use_stream(self.stream):
+            wait_event(self.bucket_event, self.stream)
+            for buf in self.buckets.buffers:  # digest bucket i while it is on the wire
+                works.append(self.pg.broadcast(buf, 0))
+                digests.append(digest(buf))
         self.store.set(f"digests/{self.epoch}/{self.round}", json.dumps(digests))
-        for work in works:
-            work.wait()
+        wait_all(works, self.timeout_s)
         self.stats["rounds"] += 1
         self.stats["bytes"] += sum(b.numel() * b.element_size() for b in self.buckets.buffers)
         self.stats["seconds"] += time.monotonic() - t0

@@ -11,7 +11,6 @@ bucket's digest, and hand back a state dict of views into the received buckets.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -24,7 +23,8 @@ import torch.distributed as dist
 from dapo_async.config import WeightSyncConfig
 from dapo_async.weight_sync.base import WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
-from dapo_async.weight_sync.dist import STORE_TIMEOUT_S, _device, _group
+from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
+from dapo_async.weight_sync.dist import STORE_TIMEOUT_S
 from dapo_async.weight_sync.liveness import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class DistWeightReceiver(WeightReceiver):
         self.id = receiver_id
         self.timeout_s = ws.timeout_s
         self.backend = backend
-        self.device = _device(backend)
+        self.device = group_device(backend)
         self.store = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=connect_timeout_s)
         )
@@ -71,23 +71,34 @@ class DistWeightReceiver(WeightReceiver):
     def pending(self) -> bool:
         """Whether a round newer than the last one taken is open (heartbeats too)."""
         self._heartbeat()
-        if not self.store.check(["latest"]):
-            return False
-        return tuple(json.loads(self.store.get("latest"))) > self.last
+        return self.latest() > self.last
 
-    def poll(self) -> tuple[dict[str, torch.Tensor], int] | None:
-        if not self.pending():
+    def latest(self) -> tuple[int, int]:
+        """The newest announced (epoch, round); (-1, -1) before the first."""
+        if not self.store.check(["latest"]):
+            return (-1, -1)
+        return tuple(json.loads(self.store.get("latest")))
+
+    def poll(self, at: tuple[int, int] | None = None) -> tuple[dict[str, torch.Tensor], int] | None:
+        """Take part in round ``at`` (the newest when None). Tensor-parallel workers of one
+        engine are given the same ``at``, read once by their generator: each reading "latest" on
+        its own could see different rounds and wait in different collectives."""
+        if at is None:
+            if not self.pending():
+                return None
+            at = self.latest()
+        else:
+            self._heartbeat()
+        e, r = at
+        if tuple(at) <= self.last or e < 0:
             return None
-        e, r = json.loads(self.store.get("latest"))
         if e != self.epoch:
             members = json.loads(self.store.get(f"epoch/{e}"))
             if self.id not in members:
                 return None  # joins at the next epoch
-            if self.pg is not None:
-                with contextlib.suppress(Exception):
-                    self.pg.shutdown()
+            close_group(self.pg, self.backend)
             self.rank = members.index(self.id) + 1
-            self.pg, _ = _group(
+            self.pg, _ = make_group(
                 self.store, e, self.rank, len(members) + 1, self.timeout_s, self.backend
             )
             self.epoch = e
@@ -96,10 +107,8 @@ class DistWeightReceiver(WeightReceiver):
         self._ensure_buffers(manifest)
         try:
             works = [self.pg.broadcast(buf, 0) for buf in self.buckets.buffers]
-            got = []
-            for work, buf in zip(works, self.buckets.buffers):
-                work.wait()  # then digest this bucket while the next ones arrive
-                got.append(digest(buf))
+            got = []  # digest bucket i (on the host's word that it arrived) while i + 1 arrives
+            wait_all(works, self.timeout_s, lambda i: got.append(digest(self.buckets.buffers[i])))
         except RuntimeError as e:  # the sender abandoned the round (a member died)
             log.warning("weight-sync round %d failed (%s); joining the next one", r, str(e)[:120])
             self._leave_group()
@@ -128,13 +137,9 @@ class DistWeightReceiver(WeightReceiver):
             self.buckets = FlatBuckets.from_manifest(manifest, self.device)
 
     def _leave_group(self) -> None:
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
+        close_group(self.pg, self.backend)
         self.pg, self.epoch = None, -1
 
     def close(self) -> None:
         self.heartbeat.close()
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                self.pg.shutdown()
+        close_group(self.pg, self.backend)

@@ -11,14 +11,30 @@ def weights_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "weights"
 
 
-def make_publisher(cfg, run_dir: Path) -> WeightPublisher:
+def make_publisher(cfg, run_dir: Path, device="cpu") -> WeightPublisher:
+    """The publisher of learner rank 0, whose model lives on ``device``."""
     if cfg.weight_sync.mode == "disk":
         from dapo_async.weight_sync.disk import DiskWeightPublisher
 
         return DiskWeightPublisher(weights_dir(run_dir))
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
-    return DistWeightPublisher(cfg.weight_sync, run_dir, cfg.launch.host, backend=backend(cfg))
+    return DistWeightPublisher(
+        cfg.weight_sync,
+        run_dir,
+        cfg.launch.host,
+        backend=backend(cfg),
+        wire_dtype=wire_dtype(cfg, device),
+    )
+
+
+def wire_dtype(cfg, device):
+    """``weight_sync.wire_dtype``; auto = the engines' dtype (``generator.dtype``, whose auto
+    is bfloat16 where the learner has a GPU, float32 on CPUs)."""
+    from dapo_async.devices import resolve_dtype
+
+    name = cfg.weight_sync.wire_dtype
+    return resolve_dtype(cfg.generator.dtype if name == "auto" else name, device)
 
 
 def make_receiver(

@@ -7,7 +7,8 @@ from learner_helpers import build_trainer, make_config, max_rel_err, synthetic_g
 
 from dapo_async.algo.dpo import dpo_pairs
 from dapo_async.learner import checkpoint as C
-from dapo_async.learner.batching import collate, groups_to_rows, response_logprobs
+from dapo_async.learner.batching import collate, groups_to_rows
+from dapo_async.learner.logprobs import logprobs_from_full_logits
 
 
 def params(trainer) -> dict:
@@ -29,7 +30,10 @@ def seq_logps(model, groups):
     mb = collate(rows, np.arange(len(rows)), pad_id=0)
     with torch.no_grad():
         logits = model(input_ids=mb.input_ids_BL, attention_mask=mb.attention_BL).logits
-        return (response_logprobs(logits, mb) * mb.mask_BT).sum(1), rows
+        logp = logprobs_from_full_logits(
+            logits, mb.input_ids_BL, mb.resp_start_B, mb.resp_len_B, mb.mask_BT.shape[1]
+        )
+        return (logp * mb.mask_BT).sum(1), rows
 
 
 def test_dpo_raises_the_chosen_over_the_rejected(tiny_model):
