@@ -64,6 +64,7 @@ BENCHES = {
     "learn": "dapo_async.bench.learn_bench",
     "ladder": "dapo_async.bench.ladder_bench",
     "faults": "dapo_async.bench.faults_bench",
+    "logprobs": "dapo_async.bench.logprobs_bench",
 }
 
 
@@ -268,6 +269,9 @@ def _add_bench(sub) -> None:
         action="store_true",
         help="ablation: also DAPO with generator.mode=batch and =stream, for the stream gap",
     )
+    p.add_argument("--response-tokens", type=int, default=8192, help="logprobs: response length")
+    p.add_argument("--vocab", type=int, default=32768, help="logprobs: vocabulary size")
+    p.add_argument("--chunk", type=int, default=1024, help="logprobs: positions per chunk")
     p.add_argument(
         "overrides", nargs="*", help="generator, async, ablation, learn, ladder: config overrides"
     )

@@ -12,6 +12,8 @@
   on one device are refused, so it falls back to gloo through host memory).
 - ``side_stream(device)``: a CUDA stream of its own for the weight-sync sender, so its waits never
   land on the learner's compute stream; a no-op on CPU.
+
+torch is imported inside the functions: the launcher plans devices without loading it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -28,6 +32,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 def cuda_device_count() -> int:
     """GPUs visible to this process, counted through NVML (no CUDA context is created, so vLLM
     can still fork its engine process); 0 on a CPU build."""
+    import torch
+
     if not torch.backends.cuda.is_built():
         return 0
     count_nvml = getattr(torch.cuda, "_device_count_nvml", None)
@@ -45,6 +51,8 @@ def on_gpu() -> bool:
 
 def learner_device(local_rank: int) -> torch.device:
     """``cuda:<local_rank>`` where the process sees a GPU (made current), else the CPU."""
+    import torch
+
     if on_gpu():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -54,11 +62,15 @@ def learner_device(local_rank: int) -> torch.device:
 
 def engine_device() -> torch.device:
     """Where a generator's engine runs: its first visible GPU, else the CPU."""
+    import torch
+
     return torch.device("cuda", 0) if on_gpu() else torch.device("cpu")
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """``auto``: bfloat16 on CUDA, float32 on CPU (bf16 matmuls are slow on most CPUs)."""
+    import torch
+
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if name not in DTYPES:
@@ -115,20 +127,43 @@ def _ids(ids: list[int]) -> str:
     return ",".join(str(i) for i in ids)
 
 
+def child_visible_devices(ids: str | None, parent: str | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a child given plan indices (``"0,1"``), which count within
+    the parent's own visible set when it has one; None: inherit the parent's."""
+    if ids is None:
+        return parent
+    if not parent:
+        return ids
+    listed = [d.strip() for d in parent.split(",") if d.strip()]
+    return ",".join(listed[int(i)] for i in ids.split(","))
+
+
+def role_env(base: dict, ids: str | None) -> dict:
+    """``base`` with the role's ``CUDA_VISIBLE_DEVICES`` (unchanged on CPU machines)."""
+    visible = child_visible_devices(ids, base.get("CUDA_VISIBLE_DEVICES"))
+    return base if visible is None else {**base, "CUDA_VISIBLE_DEVICES": visible}
+
+
 def side_stream(device: torch.device | str):
     """A new CUDA stream on ``device`` (None on CPU)."""
+    import torch
+
     device = torch.device(device)
     return torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
 
 def use_stream(stream):
     """Context making ``stream`` current (no-op for None)."""
+    import torch
+
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def record_event():
     """An event recorded on the current CUDA stream, None where CUDA is not in use: what the
     weight-sync sender waits for before sending what the learner's stream copied."""
+    import torch
+
     if not torch.cuda.is_initialized():
         return None
     ev = torch.cuda.Event()

@@ -24,11 +24,15 @@ def group_advantages(
     r = rewards_N.to(torch.float64)
     idx = group_index_N.to(torch.long)
     num_groups = int(idx.max()) + 1 if idx.numel() else 0
-    count_K = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, torch.ones_like(r))
-    sum_K = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, r)
+    count_K = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(
+        0, idx, torch.ones_like(r)
+    )
+    sum_K = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, idx, r)
     mean_K = sum_K / count_K.clamp(min=1)
     dev_N = r - mean_K[idx]
-    sq_K = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, idx, dev_N * dev_N)
+    sq_K = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(
+        0, idx, dev_N * dev_N
+    )
     std_K = torch.sqrt(sq_K / (count_K - 1).clamp(min=1))
     single_K = count_K == 1
     mean_K = torch.where(single_K, torch.zeros_like(mean_K), mean_K)
@@ -40,8 +44,8 @@ def group_advantages(
 
 def group_index_from_sizes(sizes: list[int] | torch.Tensor) -> torch.Tensor:
     """[0,0,0,1,1,...]: the group index of each response, from group sizes."""
-    sizes_t = torch.as_tensor(sizes, dtype=torch.long)
-    return torch.repeat_interleave(torch.arange(len(sizes_t)), sizes_t)
+    sizes_t = torch.as_tensor(sizes, dtype=torch.long, device="cpu")
+    return torch.repeat_interleave(torch.arange(len(sizes_t), device="cpu"), sizes_t)
 
 
 def broadcast_to_tokens(adv_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,11 @@ def dpo_pairs(
         if r.max() > r.min():
             chosen.append(int(idx[int(torch.argmax(r))]))
             rejected.append(int(idx[int(torch.argmin(r))]))
-    return torch.tensor(chosen, dtype=torch.long), torch.tensor(rejected, dtype=torch.long)
+    dev = rewards_N.device
+    return (
+        torch.tensor(chosen, dtype=torch.long, device=dev),
+        torch.tensor(rejected, dtype=torch.long, device=dev),
+    )
 
 
 def dpo_loss(

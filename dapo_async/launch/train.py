@@ -27,6 +27,7 @@ from pathlib import Path
 from dapo_async.checkpoint_dirs import latest
 from dapo_async.config import load_config, save_resolved
 from dapo_async.data.tasks import parse_source
+from dapo_async.devices import DevicePlan, cuda_device_count, plan_devices, role_env
 from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.launch.supervisor import Role, Supervisor, stop_all
 from dapo_async.roles import LAUNCHER_PID_ENV
@@ -72,6 +73,13 @@ def prepare_run(cfg):
     cfg = replace(cfg, run_dir=str(run_dir))
     if not cfg.model.path:
         build_tiny_policy(cfg)
+    plan = device_plan(cfg)
+    if plan.learner is not None and cfg.weight_sync.backend == "auto":
+        # NCCL refuses two ranks on one GPU: where generators share the learner's devices the
+        # weights go through host memory (gloo)
+        backend = plan.wsync_backend("auto")
+        cfg = replace(cfg, weight_sync=replace(cfg.weight_sync, backend=backend))
+        print(f"GPUs: learner {plan.learner}, generators {plan.generators}; weight sync {backend}")
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()
@@ -79,6 +87,14 @@ def prepare_run(cfg):
     if keys_dir is not None and not cfg.launch.curve_keys_dir:
         generate_keys(keys_dir)  # this run's own CurveZMQ keys, before any role starts
     return cfg, run_dir, save_resolved(cfg, run_dir)
+
+
+def device_plan(cfg) -> DevicePlan:
+    """Which of this machine's GPUs each local role gets (``devices.plan_devices``)."""
+    g = cfg.generator
+    return plan_devices(
+        cuda_device_count(), cfg.learner.num_ranks, g.num_generators, g.tensor_parallel_size
+    )
 
 
 def learner_command(cfg, cfg_path: Path, resume: bool) -> list[str]:
@@ -108,6 +124,7 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
         **{LAUNCHER_PID_ENV: str(os.getpid())},
     )
     lc = cfg.launch
+    plan = device_plan(cfg)
 
     def resume_learner(role: Role) -> None:
         # from the latest checkpoint (or the start, publishing either way); generators must
@@ -126,7 +143,7 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
         "learner",
         learner_command(cfg, cfg_path, resume),
         logs / "learner.log",
-        env,
+        role_env(env, plan.learner),
         restartable=lc.restart_roles,
         prepare=resume_learner,
     )
@@ -135,7 +152,7 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
             f"gen{i}",
             _cli("generator", str(cfg_path), "--id", f"gen{i}"),
             logs / f"gen{i}.log",
-            env,
+            role_env(env, plan.generators[i]),
             restartable=lc.allow_generator_restarts,
         )
         for i in range(cfg.generator.num_generators)

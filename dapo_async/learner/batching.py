@@ -83,7 +83,7 @@ def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6
             acc.append(float(g.acc[i]))
             truncated.append(int(g.finish[i]) == FINISH_LENGTH)
             group.append(gi)
-    r = torch.tensor(rewards, dtype=torch.float64)
+    r = torch.tensor(rewards, dtype=torch.float64, device="cpu")  # host-side, per group
     adv = (
         group_advantages(r, group_index_from_sizes(sizes), norm_std=norm_std, eps=eps)
         if rewards

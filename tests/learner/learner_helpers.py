@@ -70,6 +70,7 @@ def make_config(*overrides: str):
 def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
+    from dapo_async.devices import resolve_dtype
     from dapo_async.learner.parallel import Parallel
     from dapo_async.learner.trainer import Trainer
 
@@ -82,6 +83,8 @@ def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float3
         world,
         fsdp=cfg.learner.fsdp,
         activation_checkpointing=cfg.learner.activation_checkpointing,
+        compute_dtype=resolve_dtype(cfg.learner.compute_dtype, "cpu"),
+        logprob_chunk_tokens=cfg.learner.logprob_chunk_tokens,
     )
     return Trainer(par, cfg, pad_id=0, ref_model=ref_model)
 

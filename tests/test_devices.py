@@ -1,0 +1,107 @@
+"""Device placement in one place (``devices.py``): the GPU plan per role, the shared-device
+fallback of weight sync, dtype resolution, the launcher handing each role its devices, the vLLM
+start-up environment, and the Slurm task's GPU pick."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo_async import devices
+from dapo_async.config import load_config
+from dapo_async.engines.vllm import vllm_environment
+from dapo_async.launch import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_plan_gives_roles_their_own_gpus_when_there_are_enough():
+    plan = devices.plan_devices(4, 1, 3)
+    assert (plan.learner, plan.generators, plan.shared) == ("0", ["1", "2", "3"], False)
+    assert plan.wsync_backend("auto") == "nccl"
+    tp = devices.plan_devices(8, 2, 3, tensor_parallel=2)
+    assert tp.learner == "0,1" and tp.generators == ["2,3", "4,5", "6,7"] and not tp.shared
+
+
+def test_one_gpu_is_shared_and_weight_sync_falls_back_to_gloo():
+    plan = devices.plan_devices(1, 1, 2)
+    assert (plan.learner, plan.generators, plan.shared) == ("0", ["0", "0"], True)
+    assert plan.wsync_backend("auto") == "gloo"  # NCCL refuses two ranks on one device
+    assert plan.wsync_backend("nccl") == "nccl"  # an explicit choice is kept
+    cpu = devices.plan_devices(0, 1, 2)
+    assert cpu.learner is None and cpu.wsync_backend("auto") == "gloo"
+
+
+def test_role_env_counts_within_the_parents_visible_devices():
+    assert devices.role_env({}, "1")["CUDA_VISIBLE_DEVICES"] == "1"
+    parent = {"CUDA_VISIBLE_DEVICES": "4,6,7"}
+    assert devices.role_env(parent, "1,2")["CUDA_VISIBLE_DEVICES"] == "6,7"
+    assert devices.role_env({"A": "b"}, None) == {"A": "b"}  # CPU: unchanged
+
+
+def test_dtypes_resolve_per_device():
+    assert devices.resolve_dtype("auto", "cpu") == torch.float32
+    assert devices.resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    assert devices.resolve_dtype("float32", "cuda:0") == torch.float32
+    with pytest.raises(ValueError, match="float8"):
+        devices.resolve_dtype("float8", "cpu")
+
+
+def test_old_model_dtype_key_names_its_replacements():
+    with pytest.raises(ValueError, match=r"learner\.param_dtype"):
+        load_config(None, ["model.dtype=bfloat16"])
+
+
+@pytest.mark.parametrize(("gpus", "backend", "gen"), [(1, "gloo", "0"), (2, "nccl", "1")])
+def test_launcher_gives_each_role_its_gpus(monkeypatch, tiny_model, tmp_path, gpus, backend, gen):
+    monkeypatch.setattr(train, "cuda_device_count", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfg = load_config(None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}"])
+    cfg, run_dir, cfg_path = train.prepare_run(cfg)
+    assert cfg.weight_sync.backend == backend
+    assert load_config(str(cfg_path), []).weight_sync.backend == backend  # what roles read
+    _, learner, gens = train.make_roles(cfg, cfg_path, run_dir, resume=False)
+    assert learner.env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert gens[0].env["CUDA_VISIBLE_DEVICES"] == gen
+
+
+def test_gpu_check_does_not_initialise_cuda_and_vllm_workers_are_spawned(monkeypatch):
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    devices.cuda_device_count()
+    assert not torch.cuda.is_initialized()
+    vllm_environment(gpu=True, cpu_kvcache_gib=1)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+@pytest.mark.parametrize(
+    ("visible", "want"), [(None, "3"), ("0", "0"), ("2,4,5,7", "7"), ("1,2", None)]
+)
+def test_slurm_task_picks_one_gpu(visible, want):
+    """Task 3 of a node: no binding → GPU 3; a site binding one GPU → kept; four visible →
+    the fourth of them; two visible → an error, not a wrong device."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["SLURM_LOCALID"] = "3"
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    script = REPO / "tools" / "slurm" / "pick_gpu.sh"
+    res = subprocess.run(
+        ["bash", "-c", f'source "{script}" && echo "$CUDA_VISIBLE_DEVICES"'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if want is None:
+        assert res.returncode != 0 and "only 2 GPUs" in res.stderr
+    else:
+        assert res.returncode == 0 and res.stdout.strip() == want
+
+
+def test_slurm_learner_uses_a_static_rendezvous_ranked_by_node():
+    text = (REPO / "tools" / "slurm" / "dapo_hetjob.sbatch").read_text()
+    assert '--node_rank="$SLURM_NODEID"' in text and "--rdzv_backend=c10d" not in text
+    assert (
+        subprocess.run(["bash", "-n", str(REPO / "tools/slurm/dapo_hetjob.sbatch")]).returncode == 0
+    )
