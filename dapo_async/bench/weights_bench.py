@@ -47,8 +47,14 @@ def synthetic_state(size_mb: int, device: str = "cpu") -> dict[str, torch.Tensor
     return out
 
 
+# NCCL: the sender on GPU 0, the receiver on GPU 1 (NCCL refuses two ranks on one device).
+SENDER_GPU, RECEIVER_GPU = 0, 1
+
+
 def _receiver(endpoint: str, num_bytes: int, rounds: int, backend: str, q) -> None:
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(RECEIVER_GPU)
     from dapo_async.config import load_config
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
@@ -76,7 +82,9 @@ def _receiver(endpoint: str, num_bytes: int, rounds: int, backend: str, q) -> No
 def _ceiling_group(store, rank: int, backend: str):
     prefix = dist.PrefixStore(CEILING_PREFIX, store)
     if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefix, rank, 2, dist.ProcessGroupNCCL.Options())
+        from dapo_async.weight_sync.collectives import nccl_options
+
+        return dist.ProcessGroupNCCL(prefix, rank, 2, nccl_options(120))
     return dist.ProcessGroupGloo(prefix, rank, 2, timedelta(seconds=120))
 
 
@@ -85,6 +93,10 @@ def measure(size_mb: int, rounds: int, bucket_mb: int, backend: str) -> dict[str
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
     device = "cuda" if backend == "nccl" else "cpu"
+    if backend == "nccl":
+        if torch.cuda.device_count() < 2:
+            raise SystemExit("bench weights --backend nccl needs two GPUs (one per end)")
+        torch.cuda.set_device(SENDER_GPU)
     state = synthetic_state(size_mb, device)
     num_bytes = sum(t.numel() * t.element_size() for t in state.values())
     cfg = load_config(None, ["weight_sync.timeout_s=120", f"weight_sync.bucket_mb={bucket_mb}"])

@@ -8,10 +8,15 @@ from testutil import last_json, run_cli
 from dapo_async.config import load_config
 
 
+def _two_gpus():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("NCCL needs each end on its own GPU (two ranks on one device are refused)")
+
+
 def _nccl_receiver(endpoint, out):
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
-    torch.cuda.set_device(0)
+    torch.cuda.set_device(1)
     r = DistWeightReceiver(
         load_config(None, ["weight_sync.timeout_s=60"]).weight_sync,
         None,
@@ -40,6 +45,7 @@ def test_nccl_five_versions_bit_equal():
 
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
+    _two_gpus()
     torch.cuda.set_device(0)
     pub = DistWeightPublisher(
         load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]).weight_sync,
@@ -75,7 +81,44 @@ def test_nccl_five_versions_bit_equal():
 
 
 @pytest.mark.gpu
+def test_shared_gpu_falls_back_to_gloo_through_pinned_host_buffers():
+    """One GPU: the learner's CUDA weights go out over gloo (copied asynchronously into pinned
+    host buckets; the sender waits for the copy's event) and arrive equal."""
+    import threading
+    import time
+
+    from dapo_async.weight_sync.dist import DistWeightPublisher, DistWeightReceiver
+
+    ws = load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]).weight_sync
+    pub = DistWeightPublisher(ws, None, host="127.0.0.1", backend="gloo")
+    rec = DistWeightReceiver(ws, None, "shared", endpoint=pub.endpoint, backend="gloo")
+    got = []
+
+    def receive():
+        end = time.monotonic() + 120
+        while not got and time.monotonic() < end:
+            r = rec.poll()
+            if r is not None:
+                got.append({k: v.clone() for k, v in r[0].items()})
+
+    t = threading.Thread(target=receive)
+    t.start()
+    try:
+        time.sleep(0.5)
+        state = {"w": torch.randn(2048, 1024, device="cuda"), "b": torch.randn(7, device="cuda")}
+        pub.publish(state, 1)
+        assert pub.wait_sent(1, 120)
+        t.join(120)
+    finally:
+        rec.close()
+        pub.close()
+    assert all(b.is_pinned() for b in pub.buckets.buffers)
+    assert all(torch.equal(got[0][k], v.cpu()) for k, v in state.items())
+
+
+@pytest.mark.gpu
 def test_bench_weights_nccl_json(cli_env, repo):
+    _two_gpus()
     out = run_cli(repo, cli_env, "bench", "weights", "--backend", "nccl", "--rounds", "2", "--json")
     assert out.returncode == 0, out.stderr[-3000:]
     res = last_json(out)
