@@ -31,7 +31,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "docs":
         print("| key | default | description |\n| --- | --- | --- |")
         for key, doc, default in config.field_docs():
-            print(f"| `{key}` | `{json.dumps(default)}` | {doc} |")
+            cell = doc.replace("|", "\\|")  # a bare | would split the table's cell
+            print(f"| `{key}` | `{json.dumps(default)}` | {cell} |")
         return 0
     if args.config is None:
         raise CliError("config show needs a config file")

@@ -234,6 +234,10 @@ def recv_routed_user(
 def request(
     sock: zmq.Socket, msg: protocol.Message, timeout_s: float = DEFAULT_RECV_TIMEOUT_S
 ) -> protocol.Message:
-    """Send on a DEALER and wait for one reply."""
+    """Send on a DEALER and wait for one reply, ``timeout_s`` for each. A DEALER with no peer
+    connection blocks on send — e.g. after a CurveZMQ handshake the server refused (wrong keys),
+    until a reconnect that may never succeed — so the send waits for room within the timeout."""
+    if not sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
+        raise RecvTimeout(f"could not send within {timeout_s:.1f} s (no connection to the peer)")
     send(sock, msg)
     return recv(sock, timeout_s)

@@ -12,7 +12,7 @@ state on rank 0 for checkpoints and weight sync.
 Under FSDP2 every forward and backward is a collective, so every rank must run the same number of
 micro-batches; the trainer pads with empty (zero-mask) micro-batches to the global maximum, which
 ``max_int`` provides. Gathering full weights is collective too: every rank calls ``full_state``,
-parameter by parameter, and only rank 0 keeps the result.
+parameter by parameter, and only rank 0 receives and keeps the result.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Parallel:
         # collectives of counts run where the model lives (NCCL needs CUDA tensors)
         self.device = next(model.parameters()).device
         param_dtype = next(model.parameters()).dtype
-        compute_dtype = compute_dtype or param_dtype
+        if compute_dtype not in (torch.bfloat16, torch.float16):
+            compute_dtype = param_dtype  # full precision: compute in the parameters' own dtype
         self.rank = rank
         self.world_size = world_size
         self.fsdp = fsdp and world_size > 1
@@ -66,7 +67,10 @@ class Parallel:
         if self.fsdp:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+            mp = MixedPrecisionPolicy(
+                param_dtype=compute_dtype if compute_dtype != param_dtype else None,
+                reduce_dtype=torch.float32 if compute_dtype != param_dtype else None,
+            )
             for layer in decoder_layers(model):
                 fully_shard(layer, mp_policy=mp)
             fully_shard(self.policy, mp_policy=mp)
@@ -133,12 +137,36 @@ class Parallel:
 
     def iter_full_state(self):
         """Yield (name, full tensor) one tensor at a time; collective under FSDP2, so every rank
-        must exhaust it. Only rank 0's tensors are meaningful; at most one gathered tensor is
-        alive at a time (weight sync streams them into its buckets)."""
-        from torch.distributed.tensor import DTensor
+        must exhaust it. Only rank 0's tensors are meaningful (the others get None for sharded
+        ones): each sharded tensor is *gathered to rank 0*, not all-gathered, so the other ranks
+        neither receive nor hold a full copy. At most one gathered tensor is alive at a time
+        (weight sync streams them into its buckets)."""
+        from torch.distributed.tensor import DTensor, Shard
 
         for name, t in self.model.state_dict().items():
-            yield name, (t.full_tensor() if isinstance(t, DTensor) else t)
+            if not isinstance(t, DTensor):
+                yield name, t
+            elif tuple(t.placements) == (Shard(0),):
+                yield name, self._gather_rows_to_rank0(t)
+            else:  # a layout FSDP2 does not make by default: let DTensor assemble it
+                yield name, t.full_tensor()
+
+    def _gather_rows_to_rank0(self, t):
+        """The full tensor of a dim-0-sharded DTensor on rank 0 (None elsewhere). FSDP2 splits
+        rows like ``torch.chunk``: rank r holds rows [r·c, (r+1)·c) of c = ⌈n / world⌉, the
+        last ranks fewer or none; shards are padded to c rows for the gather."""
+        import torch.distributed as dist
+
+        local = t.to_local()
+        rows = t.shape[0]
+        c = -(-rows // self.world_size)
+        padded = torch.zeros((c, *t.shape[1:]), dtype=local.dtype, device=local.device)
+        padded[: local.shape[0]].copy_(local)
+        parts = (
+            [torch.empty_like(padded) for _ in range(self.world_size)] if self.rank == 0 else None
+        )
+        dist.gather(padded, parts, dst=0, group=t.device_mesh.get_group())
+        return torch.cat(parts)[:rows] if self.rank == 0 else None
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) weights on rank 0, None elsewhere. Collective under FSDP2."""

@@ -80,6 +80,16 @@ def listen_socket(host: str, port: int = 0) -> socket.socket:
     return sock
 
 
+def _check_bind(host: str, ws: WeightSyncConfig) -> None:
+    if not is_loopback(host) and not ws.allow_unauthenticated_network:
+        raise WeightSyncError(
+            f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
+            f"{host!r}, and torch.distributed has no authentication. Keep it on a private "
+            "network and set weight_sync.allow_unauthenticated_network=true, or use "
+            "weight_sync.mode=disk on a shared filesystem."
+        )
+
+
 class DistWeightPublisher(WeightPublisher):
     """Learner rank 0 side. ``publish`` snapshots the weights and returns at once."""
 
@@ -95,13 +105,7 @@ class DistWeightPublisher(WeightPublisher):
         from dapo_async.roles import write_endpoint
 
         self.host = host
-        if not is_loopback(self.host) and not ws.allow_unauthenticated_network:
-            raise WeightSyncError(
-                f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
-                f"{self.host!r}, and torch.distributed has no authentication. Keep it on a private "
-                "network and set weight_sync.allow_unauthenticated_network=true, or use "
-                "weight_sync.mode=disk on a shared filesystem."
-            )
+        _check_bind(host, ws)
         # torch's TCPStore binds every interface whatever host it is given: listen ourselves,
         # on the configured host only, and hand the socket to the store
         self._listener = listen_socket(self.host, port if port is not None else ws.port)

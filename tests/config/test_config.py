@@ -165,3 +165,16 @@ def test_config_docs_into_a_closed_pipe_is_quiet(repo, cli_env):
     proc.stdout.close()  # like `head` that already has its lines: the pipe closes early
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_configuration_doc_is_what_config_docs_prints(repo, cli_env):
+    """docs/configuration.md's table is `dapo-async config docs` verbatim (regenerate it with
+    that command after changing a field)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", "config", "docs"],
+        capture_output=True, text=True, cwd=repo, env=cli_env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = (repo / "docs" / "configuration.md").read_text()
+    table = doc[doc.index("| key | default | description |") :]
+    assert table == out.stdout

@@ -9,7 +9,8 @@ COMMON=(run_dir=$RUN_DIR launch.curve_keys_dir=$RUN_DIR/keys
 case "${1:?usage: multihost_example.sh buffer|learner|generator}" in
   buffer)     # once, on 10.0.0.5 (after `dapo-async keys --out $RUN_DIR/keys`)
     dapo-async buffer $CFG "${COMMON[@]}" launch.host=10.0.0.5 buffer.port=5555 buffer.wal=true ;;
-  learner)    # on 10.0.0.5 (add --nnodes/--rdzv_* for several learner hosts)
+  learner)    # on 10.0.0.5 (several learner hosts: --nnodes=N --node_rank=I --master_addr=10.0.0.5,
+              # node_rank 0 here, so rank 0 hosts the store weight_sync.endpoint names)
     torchrun --nproc_per_node=1 -m dapo_async.cli learner $CFG "${COMMON[@]}" \
       launch.host=10.0.0.5 weight_sync.port=29600 weight_sync.allow_unauthenticated_network=true ;;
   generator)  # on any number of hosts, at any time
