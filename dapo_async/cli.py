@@ -154,7 +154,11 @@ def _add_model_commands(sub) -> None:
 
     p = sub.add_parser("reward", help="score a response read on stdin (verifier debugging)")
     p.add_argument("action", choices=["score"])
-    p.add_argument("--fn", default="dapo_math", help="dapo_math | boxed | package.module:function")
+    p.add_argument(
+        "--fn",
+        default="dapo_math",
+        help="dapo_math | dapo_math_lenient | boxed | code | package.module:function",
+    )
     p.add_argument("--ground-truth", required=True)
     p.set_defaults(func=_lazy("dapo_async.reward.cli", "main"))
 

@@ -20,14 +20,14 @@ def evaluate_records(
 ) -> dict[str, float]:
     from dapo_async.engines.base import SamplingParams
     from dapo_async.engines.hf import HFEngine
-    from dapo_async.reward.compose import RewardComposer
+    from dapo_async.reward.compose import call_verifier, resolve
 
     g = cfg.generator
     greedy = g.eval_temperature == 0
     k = 1 if greedy else (k or 4)
     device = next(model.parameters()).device  # evaluate where the model lives
     engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
-    composer = RewardComposer(cfg.reward)
+    verifier = resolve(cfg.reward.fn)
     params = SamplingParams(
         n=k,
         temperature=g.eval_temperature,
@@ -41,18 +41,16 @@ def evaluate_records(
     lengths = []
     for start in range(0, len(records), EVAL_BATCH):
         chunk = records[start : start + EVAL_BATCH]
-        ids = [
-            tokenizer(
-                tokenizer.apply_chat_template(
-                    r.messages, add_generation_prompt=True, tokenize=False
-                ),
-                add_special_tokens=False,
-            ).input_ids
+        texts = [
+            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
             for r in chunk
         ]
+        ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
         for i, (r, comps) in enumerate(zip(chunk, engine.generate(ids, params))):
             for j, c in enumerate(comps):
-                acc[start + i, j] = composer.fn(c.text, r.ground_truth)["acc"]
+                # any documented form: a bare float, a dict; two or four arguments
+                verdict = call_verifier(verifier, c.text, r.ground_truth, texts[i], r.extra)
+                acc[start + i, j] = verdict["acc"]
                 lengths.append(len(c.tokens))
         if progress is not None:
             progress(min(start + EVAL_BATCH, len(records)), len(records))

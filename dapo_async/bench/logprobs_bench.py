@@ -68,7 +68,7 @@ def _run(model, variant: str, response_tokens: int, chunk: int) -> torch.Tensor:
             ent_BT = entropy_from_logits(logits_BLV[:, PROMPT_TOKENS - 1 : -1])
     else:
         policy = ResponseLogProbs(model, chunk if variant == "chunked" else 0)
-        logp_BT, ent_BT = policy(ids_BL, attn_BL, start_B, len_B, response_tokens, 1.0, True)
+        logp_BT, ent_BT = policy(ids_BL, attn_BL, start_B, len_B, response_tokens, 1.0, "metric")
     assert ent_BT is not None and ent_BT.shape == logp_BT.shape
     logp_BT.sum().backward()
     model.zero_grad(set_to_none=True)

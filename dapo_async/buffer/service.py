@@ -154,6 +154,7 @@ class BufferService:
             version=s.version,
             wait_s=0.0 if leases else RETRY_WAIT_S,
             min_version=s.oldest_allowed_version(),
+            extra_infos=[json.dumps(r.extra, default=str) for r in recs],
         )
 
     def _on_scored_groups(self, msg: protocol.ScoredGroups) -> protocol.Message:

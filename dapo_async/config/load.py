@@ -99,6 +99,8 @@ def load_config(
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         raise ConfigError(str(getattr(e, "full_key", "config")), str(e).splitlines()[0]) from None
+    if run.reward.overlong_max_len == 0:  # derived: DAPO's L_max is the generation limit
+        run.reward.overlong_max_len = run.generator.max_tokens
     run.check()
     return run
 

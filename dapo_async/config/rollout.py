@@ -103,10 +103,16 @@ class GeneratorConfig:
 class RewardConfig:
     fn: str = F(
         "dapo_math",
-        "Reward function: dapo_math | boxed | `package.module:function` (custom).",
+        "Reward function: dapo_math (the DAPO reference verifier's rules) | dapo_math_lenient "
+        "| boxed | code (sandboxed execution) | `package.module:function` (custom); "
+        "docs/algorithms.md.",
     )
     overlong_shaping: bool = F(True, "Add DAPO's soft overlong punishment to the reward.")
-    overlong_max_len: int = F(24, "L_max of the overlong punishment (tokens).")
+    overlong_max_len: int = F(
+        0,
+        "L_max of the overlong punishment (tokens): DAPO's is the generation limit, so it must "
+        "equal generator.max_tokens; 0 = derive it from generator.max_tokens.",
+    )
     overlong_cache_len: int = F(6, "L_cache of the overlong punishment (tokens).")
     timeout_s: float = F(
         5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
@@ -115,7 +121,7 @@ class RewardConfig:
 
     def check(self, p: str) -> None:
         _need(self.fn != "", f"{p}.fn", "must not be empty")
-        _need(self.overlong_max_len > 0, f"{p}.overlong_max_len", "must be > 0")
+        _need(self.overlong_max_len >= 0, f"{p}.overlong_max_len", "must be >= 0 (0 = derived)")
         _need(
             0 < self.overlong_cache_len < self.overlong_max_len,
             f"{p}.overlong_cache_len",

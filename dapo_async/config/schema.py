@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_async.config.fields import F, S, _choice, _need
+from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import GeneratorConfig, RewardConfig
 
-__all__ = ["GeneratorConfig", "RewardConfig"]  # with the sections defined here
+__all__ = ["GeneratorConfig", "LearnerConfig", "RewardConfig"]  # with the sections defined here
 
 
 @dataclass
@@ -111,6 +112,11 @@ class AlgoConfig:
         "seq-mean-token-sum-norm.",
     )
     adv_norm_std: bool = F(True, "Divide group advantages by the std (False = Dr. GRPO).")
+    entropy_coef: float = F(
+        0.0,
+        "Entropy bonus: coef × token-mean policy entropy is subtracted from the loss (dapo, "
+        "grpo, ppo_kl; DAPO uses none); 0 = off.",
+    )
     adv_eps: float = F(1e-6, "ε in (R - mean) / (std + ε).")
     is_cap: float = F(2.0, "C: cap of the behaviour importance weight min(π_prox/π_behav, C).")
     is_mask_low: float = F(0.0, "Mask tokens whose importance weight is below this (0 = off).")
@@ -134,6 +140,7 @@ class AlgoConfig:
     norm_len: int = F(0, "Constant divisor of seq-mean-token-sum-norm; 0 = max_tokens.")
 
     def check(self, p: str) -> None:
+        _need(self.entropy_coef >= 0, f"{p}.entropy_coef", "must be >= 0")
         _choice(self.objective, ("dapo", "grpo", "ppo_kl", "dpo"), f"{p}.objective")
         _need(
             self.kl_coef == 0 or self.objective == "ppo_kl",
@@ -168,76 +175,6 @@ class AlgoConfig:
         _choice(self.kl_estimator, ("k1", "k2", "k3"), f"{p}.kl_estimator")
         _need(self.dpo_beta > 0, f"{p}.dpo_beta", "must be > 0")
         _need(self.norm_len >= 0, f"{p}.norm_len", "must be >= 0")
-
-
-@dataclass
-class LearnerConfig:
-    num_steps: int = F(40, "Learner steps (policy versions) to train.")
-    num_ranks: int = F(1, "Learner ranks (torchrun nproc_per_node) for local runs.")
-    num_minibatches: int = F(2, "Gradient updates per rollout step (DAPO: several).")
-    micro_batch_tokens: int = F(4096, "Token budget of one forward/backward micro-batch.")
-    lr: float = F(2e-4, "AdamW learning rate after warm-up.")
-    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).")
-    betas: list = F([0.9, 0.99], "AdamW betas.")
-    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.")
-    warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.")
-    time_budget_s: float = F(
-        0.0,
-        "Stop after the step that ends this many seconds after training started (the final "
-        "checkpoint and evaluation follow), even before num_steps; 0 = num_steps only. For "
-        "comparisons at equal wall-clock (bench ladder --async).",
-    )
-    activation_checkpointing: bool = F(False, "Recompute activations in the backward pass.")
-    checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.")
-    keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
-    eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
-    backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
-    collective_timeout_s: float = F(
-        1800.0,
-        "Timeout of the training world's collectives: long enough for the rank-0-only work "
-        "between them (checkpoint writes, held-out evaluation), short enough that a dead rank "
-        "ends the run.",
-    )
-    param_dtype: str = F(
-        "float32", "Master weights and AdamW state: float32 (keeps small updates) | bfloat16."
-    )
-    compute_dtype: str = F(
-        "auto",
-        "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
-        "CUDA, float32 on CPU) | float32 | bfloat16.",
-    )
-    logprob_chunk_tokens: int = F(
-        1024,
-        "Response positions per chunk when computing log-probs and entropy from hidden states "
-        "(full-vocabulary logits exist for one chunk at a time); 0 = all at once.",
-    )
-    fsdp: bool = F(
-        False, "Shard parameters, gradients and optimizer state with FSDP2 instead of DDP."
-    )
-
-    def check(self, p: str) -> None:
-        _need(self.num_steps >= 1, f"{p}.num_steps", "must be >= 1")
-        _need(self.num_ranks >= 1, f"{p}.num_ranks", "must be >= 1")
-        _need(self.num_minibatches >= 1, f"{p}.num_minibatches", "must be >= 1")
-        _need(self.micro_batch_tokens >= 1, f"{p}.micro_batch_tokens", "must be >= 1")
-        _need(self.lr > 0, f"{p}.lr", "must be > 0")
-        _need(self.weight_decay >= 0, f"{p}.weight_decay", "must be >= 0")
-        _need(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            f"{p}.betas",
-            "must be two numbers in [0, 1)",
-        )
-        _need(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
-        _need(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _need(self.time_budget_s >= 0, f"{p}.time_budget_s", "must be >= 0 (0 = off)")
-        _need(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0")
-        _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
-        _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
-        _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
-        _need(self.collective_timeout_s > 0, f"{p}.collective_timeout_s", "must be > 0")
-        _choice(self.param_dtype, ("float32", "bfloat16"), f"{p}.param_dtype")
-        _choice(self.compute_dtype, ("auto", "float32", "bfloat16"), f"{p}.compute_dtype")
-        _need(self.logprob_chunk_tokens >= 0, f"{p}.logprob_chunk_tokens", "must be >= 0")
 
 
 @dataclass
@@ -355,11 +292,24 @@ class RunConfig:
             sub = getattr(self, f.name)
             if dataclasses.is_dataclass(sub):
                 sub.check(f.name)
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """Lengths that must agree across sections (after ``overlong_max_len`` is derived)."""
+        g, r = self.generator, self.reward
         _need(
-            not self.reward.overlong_shaping
-            or self.reward.overlong_max_len <= self.generator.max_tokens,
+            not r.overlong_shaping or r.overlong_max_len == g.max_tokens,
             "reward.overlong_max_len",
-            f"must be <= generator.max_tokens ({self.generator.max_tokens})",
+            f"is {r.overlong_max_len} but generator.max_tokens is {g.max_tokens}: DAPO's L_max is "
+            "the generation limit (a longer correct answer would be punished); set it equal, or "
+            "0 to derive it",
+        )
+        total = self.data.max_prompt_len + g.max_tokens
+        _need(
+            total <= g.max_model_len,
+            "generator.max_model_len",
+            f"is {g.max_model_len} but data.max_prompt_len + generator.max_tokens = "
+            f"{self.data.max_prompt_len} + {g.max_tokens} = {total} must fit in it",
         )
 
     @property

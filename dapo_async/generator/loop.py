@@ -14,6 +14,7 @@ buffer does not know us) re-sends Hello and keeps the group.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -52,7 +53,7 @@ class GeneratorLoop:
         self,
         generator_id: str,
         engine,
-        score_fn: Callable[[list[tuple[str, str, int]]], list],
+        score_fn: Callable[[list[tuple]], list],  # (response, truth, tokens, prompt, extra)
         sock: zmq.Socket,
         params: SamplingParams,
         prompts_per_batch: int,
@@ -74,6 +75,7 @@ class GeneratorLoop:
         self.seq = 0
         self.outbox: OrderedDict[protocol.GroupId, tuple[protocol.Group, float]] = OrderedDict()
         self._grant: protocol.LeaseGrant | None = None
+        self.extras: dict[int, str] = {}  # lease id -> extra_info JSON
         self._hello_acked = False
         self._last_heartbeat = 0.0
         self.counters = {
@@ -116,6 +118,8 @@ class GeneratorLoop:
                 self._on_ack(msg)
             elif isinstance(msg, protocol.LeaseGrant):
                 self._grant = msg
+                # each prompt's extra_info, for reward functions that take it (until scored)
+                self.extras.update(zip(msg.prompt_ids, msg.extra_infos))
             if time.monotonic() >= deadline and not self.sock.poll(0):
                 return
 
@@ -232,9 +236,12 @@ class GeneratorLoop:
         """Score the responses of several prompts in one reward-pool call and make one group
         each. ``done``: (lease id, prompt, ground truth, completions, generation seconds) per
         prompt; ``version`` tags tokens whose completion carries no versions of its own."""
-        scored = self.score_fn(
-            [(c.text, truth, len(c.tokens)) for _, _, truth, comps, _ in done for c in comps]
-        )
+        items = []
+        for lease_id, prompt, truth, comps, _ in done:
+            prompt_text = self._prompt_text(prompt)
+            extra = _json_dict(self.extras.pop(lease_id, ""))
+            items += [(c.text, truth, len(c.tokens), prompt_text, extra) for c in comps]
+        scored = self.score_fn(items)
         groups, k = [], 0
         for lease_id, prompt, _, comps, took in done:
             sc = scored[k : k + len(comps)]
@@ -242,6 +249,11 @@ class GeneratorLoop:
             groups.append(make_group(self.id, self.seq, lease_id, prompt, comps, sc, version, took))
             self.seq += 1
         return groups
+
+    def _prompt_text(self, prompt) -> str:
+        """The prompt as the model saw it (reward functions may take it)."""
+        tok = getattr(self.engine, "tokenizer", None)
+        return tok.decode(list(map(int, prompt))) if tok is not None else ""
 
     def send_groups(self, groups: list[protocol.Group]) -> None:
         """Into the outbox (until acknowledged), then one ScoredGroups message."""
@@ -309,3 +321,12 @@ class GeneratorLoop:
             self.pump(0.1)
         if self.outbox:
             log.warning("exiting with %d unacknowledged groups", len(self.outbox))
+
+
+def _json_dict(text: str) -> dict:
+    """A lease's extra_info (JSON object text; anything else is no extra_info)."""
+    try:
+        out = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}

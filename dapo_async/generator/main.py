@@ -131,8 +131,9 @@ def make_scorer(cfg):
     pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
 
     def score(items):
-        verdicts = pool.score_batch([(text, truth) for text, truth, _ in items])
-        return [composer.combine(v, n, v.get("tag", "")) for v, (_, _, n) in zip(verdicts, items)]
+        # items: (response, ground truth, tokens, prompt text, extra_info)
+        verdicts = pool.score_batch([(t, truth, p, x) for t, truth, _, p, x in items])
+        return [composer.combine(v, item[2], v.get("tag", "")) for v, item in zip(verdicts, items)]
 
     return score, pool
 

@@ -27,21 +27,24 @@ def response_positions(resp_start_B: torch.Tensor, num_positions: int, seq_len: 
     return (resp_start_B[:, None] - 1 + ar_T[None, :]).clamp(min=0, max=seq_len - 1)
 
 
-def _chunk_logp(head, h_BtH, targets_Bt, temperature: float, with_entropy: bool):
+def _chunk_logp(head, h_BtH, targets_Bt, temperature: float, entropy: str):
     logits_BtV = head(h_BtH).float()
     if temperature != 1.0:
         logits_BtV = logits_BtV / temperature
     logp_Bt = torch.log_softmax(logits_BtV, -1).gather(-1, targets_Bt[..., None]).squeeze(-1)
-    if not with_entropy:
-        return logp_Bt, None
-    with torch.no_grad():
-        return logp_Bt, entropy_from_logits(logits_BtV.detach())
+    if entropy == "grad":  # an entropy bonus in the loss: differentiable
+        return logp_Bt, entropy_from_logits(logits_BtV)
+    if entropy == "metric":
+        with torch.no_grad():
+            return logp_Bt, entropy_from_logits(logits_BtV.detach())
+    return logp_Bt, None
 
 
 class ResponseLogProbs(torch.nn.Module):
     """``forward(input_ids_BL, attention_BL, resp_start_B, resp_len_B, T)`` → log π of the
-    response tokens ``[B, T]`` (zeros past each response's end) and, with ``with_entropy``, the
-    policy's entropy at those positions (no gradient)."""
+    response tokens ``[B, T]`` (zeros past each response's end) and the policy's entropy at
+    those positions: ``entropy`` = "none" (None), "metric" (no gradient) or "grad"
+    (differentiable, for an entropy bonus)."""
 
     def __init__(self, lm: torch.nn.Module, chunk_tokens: int = 1024):
         super().__init__()
@@ -56,7 +59,7 @@ class ResponseLogProbs(torch.nn.Module):
         resp_len_B: torch.Tensor,
         num_positions: int,
         temperature: float = 1.0,
-        with_entropy: bool = False,
+        entropy: str = "none",
     ):
         out = self.lm.get_decoder()(input_ids=input_ids_BL, attention_mask=attention_BL)
         hidden_BLH = out.last_hidden_state
@@ -70,17 +73,15 @@ class ResponseLogProbs(torch.nn.Module):
         for lo in range(0, num_positions, max(step, 1)):
             args = (head, h_BTH[:, lo : lo + step], targets_BT[:, lo : lo + step])
             if torch.is_grad_enabled() and step < num_positions:
-                lp, ent = checkpoint(
-                    _chunk_logp, *args, temperature, with_entropy, use_reentrant=False
-                )
+                lp, ent = checkpoint(_chunk_logp, *args, temperature, entropy, use_reentrant=False)
             else:
-                lp, ent = _chunk_logp(*args, temperature, with_entropy)
+                lp, ent = _chunk_logp(*args, temperature, entropy)
             logps.append(lp)
             ents.append(ent)
         logp_BT = torch.cat(logps, 1)
         valid_BT = torch.arange(num_positions, device=logp_BT.device)[None, :] < resp_len_B[:, None]
         logp_BT = torch.where(valid_BT, logp_BT, torch.zeros_like(logp_BT))
-        ent_BT = torch.cat(ents, 1) if with_entropy else None
+        ent_BT = torch.cat(ents, 1) if entropy != "none" else None
         return logp_BT, ent_BT
 
 

@@ -31,6 +31,7 @@ import torch
 
 from dapo_async.algo.dpo import dpo_loss, dpo_pairs
 from dapo_async.algo.losses import PolicyLossConfig, policy_loss
+from dapo_async.algo.schedules import lr_multiplier
 from dapo_async.config import RunConfig
 from dapo_async.learner.batching import (
     MicroBatch,
@@ -102,18 +103,20 @@ class Trainer:
             weight_decay=lc.weight_decay,
             fused=self.device.type == "cuda" or None,
         )
-        warm = max(lc.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
+            self.optimizer,
+            lambda s: lr_multiplier(
+                s, lc.num_steps, lc.warmup_steps, lc.lr_schedule, lc.lr_min_ratio
+            ),
         )
         self.version = 0
         self.temperature = cfg.generator.temperature
 
     # ------------------------------------------------------------------ helpers
 
-    def _forward_logp(self, policy, mb: MicroBatch, with_entropy: bool = False):
-        """Response log-probs (and entropy) from ``policy`` (a ``ResponseLogProbs``, possibly
-        DDP/FSDP2-wrapped) in the compute dtype."""
+    def _forward_logp(self, policy, mb: MicroBatch, entropy: str = "none"):
+        """Response log-probs (and entropy: none | metric | grad) from ``policy`` (a
+        ``ResponseLogProbs``, possibly DDP/FSDP2-wrapped) in the compute dtype."""
         with self.par.autocast():
             return policy(
                 mb.input_ids_BL,
@@ -122,7 +125,7 @@ class Trainer:
                 mb.resp_len_B,
                 mb.mask_BT.shape[1],
                 self.temperature,
-                with_entropy,
+                entropy,
             )
 
     def _micro_batches(self, rows: Rows, parts: list[list[np.ndarray]], unit: int = 1):
@@ -233,7 +236,8 @@ class Trainer:
 
         def micro_loss(mb, g, agg):
             g_tokens, g_seqs = g
-            logp, ent = self._forward_logp(self.train_model, mb, with_entropy=True)
+            coef = self.cfg.algo.entropy_coef
+            logp, ent = self._forward_logp(self.train_model, mb, "grad" if coef else "metric")
             loss, m = policy_loss(
                 logp,
                 mb.prox_logp_BT,
@@ -250,8 +254,10 @@ class Trainer:
                 if key != "num_tokens":
                     agg[key].append((v, w))
             agg["loss"].append((loss.item() * g_tokens / max(w, 1.0), w))
-            if ent is not None:
-                agg["entropy"].append(((ent * mb.mask_BT).sum().item() / max(w, 1.0), w))
+            ent_sum = (ent * mb.mask_BT).sum()
+            agg["entropy"].append((ent_sum.item() / max(w, 1.0), w))
+            if coef:  # entropy bonus, token-mean over the mini-batch's global token count
+                loss = loss - coef * ent_sum / max(g_tokens, 1.0)
             return loss
 
         return self._updates(micro, t0, counts, micro_loss)

@@ -90,12 +90,17 @@ class LeaseGrant(Message):
     # Generate these prompts with weights of at least this version (the staleness bound);
     # -1 = any.
     min_version: int = -1
+    # Each prompt's record ``extra_info`` as JSON text, for reward functions that take it
+    # (empty: none).
+    extra_infos: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         super().validate()
         n = len(self.prompt_ids)
         if not (len(self.prompts) == len(self.ground_truths) == len(self.data_sources) == n):
             raise ProtocolError("length_mismatch", "lease_grant lists differ in length")
+        if self.extra_infos and len(self.extra_infos) != n:
+            raise ProtocolError("length_mismatch", "lease_grant extra_infos differ in length")
         if any(len(p) == 0 or min(p) < 0 for p in self.prompts):
             raise ProtocolError("bad_value", "prompts must be non-empty token lists >= 0")
 

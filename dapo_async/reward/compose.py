@@ -2,13 +2,17 @@
 
 ``RewardComposer.score`` returns the total reward, the accuracy and the named components
 (``correct``, ``overlong``) so each is reported on its own. Verifiers are looked up by name:
-``dapo_math`` | ``boxed`` | ``code`` (sandboxed execution) | ``package.module:function`` (a custom function with the same
-signature ``fn(response, ground_truth) -> {"score", "acc", ...}`` or returning a float).
+``dapo_math`` | ``dapo_math_lenient`` | ``boxed`` | ``code`` (sandboxed execution) |
+``package.module:function`` (a custom function). A custom function takes
+``(response, ground_truth)`` or ``(prompt, response, ground_truth, extra_info)`` (the prompt as
+the model saw it, the record's ``extra_info`` dict) and returns a dict with ``score`` (and
+optionally ``acc``, ``pred``) or a bare number; ``call_verifier`` tells the forms apart.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +47,28 @@ def resolve(name: str) -> Callable[[str, str], dict]:
     if not callable(fn):
         raise RewardError(f"reward function {name!r} is not callable")
     return fn
+
+
+def takes_context(fn) -> bool:
+    """Whether ``fn`` takes the four-argument form ``(prompt, response, ground_truth,
+    extra_info)`` (four or more positional parameters, or ``*args``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: the two-argument form
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 4 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def call_verifier(
+    fn, response: str, ground_truth: str, prompt: str = "", extra_info: dict | None = None
+) -> dict:
+    """Call a reward function in whichever form it takes; the normalised result."""
+    if takes_context(fn):
+        out = fn(prompt, response, ground_truth, dict(extra_info or {}))
+    else:
+        out = fn(response, ground_truth)
+    return normalize_result(out)
 
 
 def normalize_result(out) -> dict:
@@ -88,5 +114,13 @@ class RewardComposer:
             tag,
         )
 
-    def score(self, response: str, ground_truth: str, num_tokens: int) -> Scored:
-        return self.combine(normalize_result(self.fn(response, ground_truth)), num_tokens)
+    def score(
+        self,
+        response: str,
+        ground_truth: str,
+        num_tokens: int,
+        prompt: str = "",
+        extra_info: dict | None = None,
+    ) -> Scored:
+        verdict = call_verifier(self.fn, response, ground_truth, prompt, extra_info)
+        return self.combine(verdict, num_tokens)

@@ -8,7 +8,7 @@ In every case the pool replaces the worker and serves the next request.
 Wire between parent and worker: JSON over a multiprocessing pipe (``send_bytes``), no pickle of
 results. Call order: ``RewardPool(...)`` → ``score_batch(items)`` (any number of times) → ``close()``.
 
-    parent ──json [idx, response, truth]──► worker k (resolves fn once, loops)
+    parent ──json [idx, response, truth, prompt?, extra_info?]──► worker k (resolves fn once)
     parent ◄──json [idx, result]────────────
 """
 
@@ -20,7 +20,7 @@ import signal
 import time
 from multiprocessing.connection import Connection, wait
 
-from dapo_async.reward.compose import RewardError, normalize_result, resolve
+from dapo_async.reward.compose import RewardError, call_verifier, resolve
 
 FAILURE = {"score": -1.0, "acc": 0.0, "pred": None}
 # A worker that does not start within this many seconds is treated as dead.
@@ -41,9 +41,9 @@ def _worker_main(fn_name: str, conn: Connection) -> None:
             return
         if msg is None:
             return
-        idx, response, truth = msg
+        idx, response, truth, *context = msg  # context: [prompt, extra_info] when given
         try:
-            res = normalize_result(fn(response, truth))
+            res = call_verifier(fn, response, truth, *context)
             res.setdefault("tag", "ok")
         except RewardError as e:
             res = {**FAILURE, "tag": "non_finite", "error": str(e)[:200]}
@@ -93,8 +93,9 @@ class RewardPool:
         self.workers[k].kill()
         self.workers[k] = _Worker(self._ctx, self.fn_name)
 
-    def score_batch(self, items: list[tuple[str, str]]) -> list[dict]:
-        """Score (response, ground truth) pairs; one dict per item, in order."""
+    def score_batch(self, items: list[tuple]) -> list[dict]:
+        """Score (response, ground truth[, prompt, extra_info]) items; one dict per item, in
+        order."""
         results: list[dict | None] = [None] * len(items)
         todo = list(range(len(items)))[::-1]
         busy: dict[int, tuple[int, float]] = {}  # worker -> (item, deadline)

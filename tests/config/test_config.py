@@ -178,3 +178,38 @@ def test_configuration_doc_is_what_config_docs_prints(repo, cli_env):
     doc = (repo / "docs" / "configuration.md").read_text()
     table = doc[doc.index("| key | default | description |") :]
     assert table == out.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides,key,words",
+    [
+        # real lengths with the tiny overlong L_max: a 1000-token correct answer would score 0
+        (["generator.max_tokens=20000", "reward.overlong_max_len=24"], "reward.overlong_max_len",
+         "generator.max_tokens is 20000"),
+        # max_tokens beyond the model length
+        (["generator.max_tokens=300", "reward.overlong_max_len=0"], "generator.max_model_len",
+         "32 + 300 = 332"),
+        (["reward.overlong_max_len=30"], "reward.overlong_max_len", "is 30"),
+    ],
+)  # fmt: skip
+def test_lengths_that_disagree_fail_in_one_line_naming_the_keys(repo, overrides, key, words):
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(repo / "configs" / "tiny_cpu.yaml", overrides)
+    assert e.value.key == key and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_overlong_max_len_is_derived_from_max_tokens(repo):
+    cfg = C.load_config(
+        repo / "configs" / "tiny_cpu.yaml",
+        ["generator.max_tokens=100", "reward.overlong_max_len=0", "generator.max_model_len=256"],
+    )
+    assert cfg.reward.overlong_max_len == 100
+    assert (
+        C.load_config(None, []).reward.overlong_max_len
+        == C.load_config(None, []).generator.max_tokens
+    )
+
+
+def test_every_shipped_config_loads(repo):
+    for path in sorted((repo / "configs").glob("*.yaml")):
+        C.load_config(path, [])

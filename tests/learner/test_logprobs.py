@@ -35,7 +35,7 @@ def test_chunked_logprobs_equal_the_full_logits_path(tiny_model, chunk):
 
     policy = ResponseLogProbs(model, chunk)
     logp, ent = policy(
-        mb.input_ids_BL, mb.attention_BL, mb.resp_start_B, mb.resp_len_B, t, temp, True
+        mb.input_ids_BL, mb.attention_BL, mb.resp_start_B, mb.resp_len_B, t, temp, "metric"
     )
     (logp * mb.mask_BT).sum().backward()
     assert torch.allclose(logp, ref, atol=1e-5)
@@ -58,3 +58,15 @@ def test_chunked_path_has_a_smaller_memory_peak():
     }
     assert got["chunked"]["peak_mib"] * 2 < got["full_logits"]["peak_mib"]
     assert got["chunked"]["logp_sum"] == pytest.approx(got["full_logits"]["logp_sum"], rel=1e-4)
+
+
+def test_entropy_with_gradient_equals_the_metric(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    mb = _batch()
+    t = mb.mask_BT.shape[1]
+    policy = ResponseLogProbs(model, 4)
+    args = (mb.input_ids_BL, mb.attention_BL, mb.resp_start_B, mb.resp_len_B, t, 1.0)
+    _, ent_metric = policy(*args, "metric")
+    _, ent_grad = policy(*args, "grad")
+    assert ent_grad.requires_grad and torch.allclose(ent_grad, ent_metric, atol=1e-6)
+    assert policy(*args, "none")[1] is None

@@ -2,6 +2,7 @@
 frozen reference, checkpoints that load in transformers with the trained weights."""
 
 import numpy as np
+import pytest
 import torch
 from learner_helpers import build_trainer, make_config, max_rel_err, synthetic_groups
 
@@ -147,3 +148,24 @@ def test_tampered_trainer_state_is_refused_not_run(tmp_path):
     a = np.random.rand(3)
     C.set_rng_state(state["rng"])
     assert np.array_equal(a, np.random.rand(3)) and state["version"] == 2
+
+
+def test_entropy_bonus_raises_the_policy_entropy(tiny_model):
+    ent = {}
+    for coef in (0.0, 0.5):
+        trainer = build_trainer(tiny_model, make_config(f"algo.entropy_coef={coef}"))
+        for step in range(3):
+            m = trainer.step(synthetic_groups(step, 4))
+        ent[coef] = trainer.step(synthetic_groups(9, 4))["train/entropy"]
+        assert m["train/entropy"] > 0
+    assert ent[0.5] > ent[0.0]
+
+
+def test_cosine_schedule_drives_the_optimizer(tiny_model):
+    cfg = make_config(
+        "learner.lr_schedule=cosine", "learner.lr_min_ratio=0.1", "learner.num_steps=4"
+    )
+    trainer = build_trainer(tiny_model, cfg)
+    lrs = [trainer.step(synthetic_groups(s, 2))["train/lr"] for s in range(4)]
+    assert lrs[-1] == pytest.approx(1e-3 * 0.1)  # at num_steps: the floor
+    assert lrs == sorted(lrs, reverse=True)
