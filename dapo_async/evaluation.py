@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dapo_async.data.prompts import PromptRenderer
 from dapo_async.data.tasks import PromptRecord
 
 # Prompts per engine call during evaluation (bounds memory).
@@ -28,6 +29,7 @@ def evaluate_records(
     device = next(model.parameters()).device  # evaluate where the model lives
     engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
     verifier = resolve(cfg.reward.fn)
+    renderer = PromptRenderer.from_config(tokenizer, cfg.data)  # the buffer's prompt path
     params = SamplingParams(
         n=k,
         temperature=g.eval_temperature,
@@ -41,11 +43,8 @@ def evaluate_records(
     lengths = []
     for start in range(0, len(records), EVAL_BATCH):
         chunk = records[start : start + EVAL_BATCH]
-        texts = [
-            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
-            for r in chunk
-        ]
-        ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        texts = [renderer.render(r.messages) for r in chunk]
+        ids = [renderer.encode(r.messages) for r in chunk]
         for i, (r, comps) in enumerate(zip(chunk, engine.generate(ids, params))):
             for j, c in enumerate(comps):
                 # any documented form: a bare float, a dict; two or four arguments

@@ -83,11 +83,12 @@ class _Deadline:
 
 def bench_prompts(cfg) -> tuple[list[list[int]], list[str]]:
     """256 training prompts of the config, tokenized, and their ground truths."""
-    from dapo_async.data.datasets import PromptEncoder, load_source
+    from dapo_async.data.datasets import load_source
+    from dapo_async.data.prompts import PromptRenderer
 
     d = cfg.data
     records = load_source(d.source, "train", 256, d.difficulty, cfg.seed, d.max_difficulty)
-    enc = PromptEncoder(cfg.model.source_dir)
+    enc = PromptRenderer.for_model(cfg.model.source_dir, cfg.data)
     return [enc.encode(r.messages) for r in records], [r.ground_truth for r in records]
 
 

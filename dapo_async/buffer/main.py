@@ -16,7 +16,8 @@ import zmq
 from dapo_async import transport
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
-from dapo_async.data.datasets import PromptEncoder, load_source
+from dapo_async.data.datasets import load_source
+from dapo_async.data.prompts import encode_in_child
 from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.roles import StopFlag, setup_logging, write_endpoint
 from dapo_async.tracking import Tracker
@@ -27,10 +28,16 @@ def load_prompts(cfg, log) -> tuple[list, list[list[int]]]:
     """The training prompts that fit data.max_prompt_len, and their token ids."""
     d = cfg.data
     records = load_source(d.source, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty)
-    enc = PromptEncoder(cfg.model.source_dir)
+    # rendered by the tokenizer's own chat template in a child process (transformers would
+    # bring torch into the buffer), cached in the run directory for restarts
+    try:
+        all_ids = encode_in_child(
+            cfg.model.source_dir, d, [r.messages for r in records], cfg.resolved_run_dir
+        )
+    except ValueError as e:
+        raise SystemExit(f"buffer: {e}") from None
     tokens, kept = [], []
-    for r in records:
-        ids = enc.encode(r.messages)
+    for r, ids in zip(records, all_ids):
         if len(ids) <= d.max_prompt_len:
             kept.append(r)
             tokens.append(ids)

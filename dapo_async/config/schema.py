@@ -53,6 +53,15 @@ class DataConfig:
         "[difficulty, max_difficulty] (mixed response lengths); 0 = `difficulty` only.",
     )
     max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.")
+    prompt_format: str = F(
+        "chat",
+        "chat (the tokenizer's own chat template) | raw (message contents joined, no template: "
+        "base models).",
+    )
+    system_prompt: str = F("", "System message put before each prompt that has none; empty = none.")
+    chat_template_kwargs: dict = F(
+        {}, "Extra variables for the chat template (e.g. {enable_thinking: false})."
+    )
     shuffle_seed: int = F(0, "Seed of the deterministic per-epoch prompt shuffle.")
 
     def check(self, p: str) -> None:
@@ -66,6 +75,7 @@ class DataConfig:
             "must be 0 or in [difficulty, 12]",
         )
         _need(self.max_prompt_len > 0, f"{p}.max_prompt_len", "must be > 0")
+        _choice(self.prompt_format, ("chat", "raw"), f"{p}.prompt_format")
 
 
 @dataclass

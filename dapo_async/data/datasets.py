@@ -3,9 +3,7 @@
 Schema (one row per prompt): ``data_source`` (str), ``prompt`` (list of {role, content}),
 ``ability`` (str), ``reward_model`` ({ground_truth, style}), ``extra_info`` ({index, ...}).
 Eval files may repeat each prompt k times (avg@k); ``group_repeats`` folds them.
-
-``PromptEncoder`` applies the tokenizer's chat template and tokenizes with the ``tokenizers``
-library and jinja2 only (the buffer never imports torch, and transformers would).
+How a record becomes token ids is ``data/prompts.py``'s (one path for training and evaluation).
 """
 
 from __future__ import annotations
@@ -92,50 +90,3 @@ def group_repeats(records: list[PromptRecord]) -> list[tuple[PromptRecord, int]]
             seen[key] = len(out)
             out.append([r, 1])
     return [(r, k) for r, k in out]
-
-
-class PromptEncoder:
-    """Chat template + tokenization from an HF tokenizer directory, without transformers."""
-
-    def __init__(self, tokenizer_dir: str | Path):
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-        from tokenizers import Tokenizer
-
-        d = Path(tokenizer_dir)
-        tj = d / "tokenizer.json"
-        if not tj.is_file():
-            raise DataError(f"{d} has no tokenizer.json (a fast HF tokenizer is required)")
-        self.tokenizer = Tokenizer.from_file(str(tj))
-        cfg = (
-            json.loads((d / "tokenizer_config.json").read_text())
-            if (d / "tokenizer_config.json").is_file()
-            else {}
-        )
-        template = cfg.get("chat_template")
-        if (d / "chat_template.jinja").is_file():
-            template = (d / "chat_template.jinja").read_text()
-        if not isinstance(template, str):
-            raise DataError(f"{d}: the tokenizer has no (single) chat template")
-
-        def tok_str(key: str) -> str | None:
-            v = cfg.get(key)
-            return v.get("content") if isinstance(v, dict) else v
-
-        self.special = {k: tok_str(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-
-        def raise_exception(msg: str):
-            raise DataError(f"chat template error: {msg}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False)
-        self.template = env.from_string(template)
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
-
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_async.data.cursor import PromptCursor
-from dapo_async.data.datasets import DataError, PromptEncoder, group_repeats, load_file, load_source
+from dapo_async.data.datasets import DataError, group_repeats, load_file, load_source
 from dapo_async.data.tasks import generate, make_example
 
 DAPO_PROMPT = (
@@ -96,18 +96,6 @@ def test_task_solutions_verify():
             assert dapo_math(solution, truth)["acc"] == 1.0
     # chain length grows with difficulty
     assert len(make_example("chain", rng, 5)[2]) > len(make_example("chain", rng, 1)[2])
-
-
-def test_prompt_encoder_matches_transformers(tmp_path):
-    from dapo_async.tiny.tokenizer import build_tokenizer
-
-    tok = build_tokenizer(tmp_path)
-    enc = PromptEncoder(tmp_path)
-    msgs = [{"role": "user", "content": "12+34="}]
-    want = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert enc.render(msgs) == want
-    assert enc.encode(msgs) == tok(want, add_special_tokens=False).input_ids
-    assert enc.decode(enc.encode(msgs)) == "12+34=\n"
 
 
 def test_cursor_shuffles_per_epoch_and_resumes():
