@@ -120,18 +120,19 @@ def _add_roles(sub) -> None:
 
 def _add_model_commands(sub) -> None:
     """eval, init-tiny, reward, reward-server."""
-    p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model directory")
-    p.add_argument("--model", required=True, help="HF causal-LM directory")
-    p.add_argument("--data", default="tiny:chain", help="tiny:<task> or a parquet/jsonl file")
+    p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model (run config's data)")
+    p.add_argument("--config", default=None, help="run config (data, reward, lengths)")
+    p.add_argument("--model", default=None, help="HF causal-LM directory (default: the config's)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="inference engine")
+    p.add_argument("--data", default=None, help="tiny:<task> or a parquet/jsonl file")
     p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k, pass@k)")
-    p.add_argument("--num-prompts", type=int, default=256, help="prompts of a built-in task")
-    p.add_argument("--difficulty", type=int, default=3, help="built-in task difficulty")
-    p.add_argument(
-        "--max-difficulty", type=int, default=0, help="mixed difficulty up to this (0 = off)"
-    )
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts of a built-in task")
+    p.add_argument("--difficulty", type=int, default=None, help="built-in task difficulty")
+    p.add_argument("--max-difficulty", type=int, default=None, help="mixed difficulty up to this")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
-    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--max-tokens", type=int, default=None, help="default: the config's")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides")
     p.set_defaults(func=_lazy("dapo_async.tools.eval_cmd", "main"))
 
     p = sub.add_parser("init-tiny", help="build (or reuse) the built-in tiny policy")

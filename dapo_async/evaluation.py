@@ -1,8 +1,10 @@
-"""Held-out evaluation: avg@k and pass@k with the DAPO verifier, shared by the learner's periodic
-evaluation and `dapo-async eval`.
+"""Held-out evaluation: avg@k and pass@k, overall and per ``data_source``, shared by the learner's
+periodic evaluation and `dapo-async eval` (transformers or vLLM engine).
 
 avg@k = mean accuracy over k samples of every prompt; pass@k = fraction of prompts with at least
-one correct sample. With ``generator.eval_temperature`` 0 (greedy) k is 1.
+one correct sample. With ``generator.eval_temperature`` 0 (greedy) k is 1. Prompts go through the
+same renderer as training (``data/prompts.py``); responses are scored by ``reward.fn`` in any of
+its documented forms.
 """
 
 from __future__ import annotations
@@ -19,15 +21,30 @@ EVAL_BATCH = 64
 def evaluate_records(
     model, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
 ) -> dict[str, float]:
-    from dapo_async.engines.base import SamplingParams
+    """Evaluate an in-memory transformers model (the learner's) with the hf engine."""
     from dapo_async.engines.hf import HFEngine
+
+    device = next(model.parameters()).device  # evaluate where the model lives
+    engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
+    was_training = model.training
+    model.eval()
+    try:
+        return evaluate_engine(engine, tokenizer, cfg, records, k, progress)
+    finally:
+        if was_training:
+            model.train()
+
+
+def evaluate_engine(
+    engine, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
+) -> dict[str, float]:
+    """avg@k / pass@k of ``engine`` (anything with ``generate(prompt ids, params)``)."""
+    from dapo_async.engines.base import SamplingParams
     from dapo_async.reward.compose import call_verifier, resolve
 
     g = cfg.generator
     greedy = g.eval_temperature == 0
     k = 1 if greedy else (k or 4)
-    device = next(model.parameters()).device  # evaluate where the model lives
-    engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
     verifier = resolve(cfg.reward.fn)
     renderer = PromptRenderer.from_config(tokenizer, cfg.data)  # the buffer's prompt path
     params = SamplingParams(
@@ -37,8 +54,6 @@ def evaluate_records(
         max_tokens=g.max_tokens,
         seed=cfg.seed,
     )
-    was_training = model.training
-    model.eval()
     acc = np.zeros((len(records), k))
     lengths = []
     for start in range(0, len(records), EVAL_BATCH):
@@ -53,12 +68,22 @@ def evaluate_records(
                 lengths.append(len(c.tokens))
         if progress is not None:
             progress(min(start + EVAL_BATCH, len(records)), len(records))
-    if was_training:
-        model.train()
+    out = _summary(acc, k)
+    out["eval/response_len_mean"] = float(np.mean(lengths)) if lengths else 0.0
+    for source in sorted({r.data_source for r in records}):
+        rows = np.array([r.data_source == source for r in records])
+        if len(rows) and rows.sum() < len(records):  # per source only where there are several
+            per = _summary(acc[rows], k)
+            out[f"eval/{source}/accuracy"] = per["eval/accuracy"]
+            out[f"eval/{source}/pass_at_k"] = per["eval/pass_at_k"]
+    return out
+
+
+def _summary(acc: np.ndarray, k: int) -> dict[str, float]:
+    n = len(acc)
     return {
-        "eval/accuracy": float(acc.mean()) if len(records) else 0.0,
-        "eval/pass_at_k": float((acc.max(axis=1) > 0).mean()) if len(records) else 0.0,
+        "eval/accuracy": float(acc.mean()) if n else 0.0,
+        "eval/pass_at_k": float((acc.max(axis=1) > 0).mean()) if n else 0.0,
         "eval/k": float(k),
-        "eval/num_prompts": float(len(records)),
-        "eval/response_len_mean": float(np.mean(lengths)) if lengths else 0.0,
+        "eval/num_prompts": float(n),
     }

@@ -1,62 +1,107 @@
-"""`dapo-async eval --model DIR --data FILE [--k N]`: avg@k and pass@k on held-out prompts, with
-a progress bar on stderr; ``--json`` ends with one JSON line. Same code as the learner's
-periodic evaluation (``dapo_async.evaluation``)."""
+"""`dapo-async eval [--config CONFIG] [k=v ...] [--model DIR] [--engine hf|vllm] [--k N]`:
+avg@k and pass@k on held-out prompts, overall and per ``data_source``, with a progress bar on
+stderr; ``--json`` ends with one JSON line. It uses the run config's data (``data.eval_source``,
+else ``data.source``), prompt rendering, reward function and lengths; flags override them.
+Without ``--config``: the built-in tiny chain task (difficulty 3, 40 tokens). Same code as the
+learner's periodic evaluation (``dapo_async.evaluation``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import replace
+
+# Without --config: the built-in task the tiny policy is warm-started on.
+TINY_DEFAULTS = ["data.source=tiny:chain", "data.difficulty=3", "generator.max_tokens=40"]
+
+
+def eval_config(args: argparse.Namespace):
+    """The run config with the command line's flags applied (flags beat the config)."""
+    from dapo_async.config import load_config
+
+    over = [] if args.config else list(TINY_DEFAULTS)
+    over += list(args.overrides)
+    if args.data:
+        over += [f"data.eval_source={args.data}"]
+    if args.max_tokens is not None:
+        over += [f"generator.max_tokens={args.max_tokens}"]
+    if args.temperature is not None:
+        over += [f"generator.eval_temperature={args.temperature}"]
+    elif args.k > 1:
+        over += ["generator.eval_temperature=1.0"]
+    if args.num_prompts is not None:
+        over += [f"data.num_eval={args.num_prompts}"]
+    if args.difficulty is not None:
+        over += [f"data.difficulty={args.difficulty}"]
+    if args.max_difficulty is not None:
+        over += [f"data.max_difficulty={args.max_difficulty}"]
+    over += ["reward.overlong_max_len=0"]  # derived from the (possibly new) max_tokens
+    return load_config(args.config, over)
+
+
+def _engine(args, cfg, model_dir: str):
+    if args.engine == "vllm":
+        from dapo_async.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model_dir, cfg, seed=cfg.seed)
+    from dapo_async.engines import make_engine
+
+    return make_engine("hf", model_dir, cfg.generator.dtype)
 
 
 def main(args: argparse.Namespace) -> int:
-    from dapo_async.config import load_config
     from dapo_async.data.datasets import load_source
     from dapo_async.roles import set_threads
 
-    set_threads(1)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    cfg = eval_config(args)
+    set_threads(cfg.launch.torch_threads)
+    from transformers import AutoTokenizer
 
-    from dapo_async.evaluation import evaluate_records
+    from dapo_async.evaluation import evaluate_engine
 
-    cfg = load_config(None)
-    temp = args.temperature if args.temperature is not None else (0.0 if args.k == 1 else 1.0)
-    cfg = replace(
-        cfg, generator=replace(cfg.generator, eval_temperature=temp, max_tokens=args.max_tokens)
-    )
-    cfg = replace(
-        cfg,
-        reward=replace(
-            cfg.reward,
-            overlong_max_len=args.max_tokens,
-            overlong_cache_len=max(1, args.max_tokens // 5),
-        ),
-    )
-    records = load_source(
-        args.data, "eval", args.num_prompts, args.difficulty, cfg.seed, args.max_difficulty
-    )
-    model = AutoModelForCausalLM.from_pretrained(args.model)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    d = cfg.data
+    source = d.eval_source or d.source
+    records = load_source(source, "eval", d.num_eval, d.difficulty, cfg.seed, d.max_difficulty)
+    model_dir = args.model or cfg.model.source_dir
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    engine = _engine(args, cfg, model_dir)
 
     def progress(done: int, total: int) -> None:
         bar = "#" * int(30 * done / max(total, 1))
         print(f"\r[eval] [{bar:<30}] {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    res = evaluate_records(model, tok, cfg, records, k=args.k, progress=progress)
+    try:
+        res = evaluate_engine(engine, tok, cfg, records, k=args.k, progress=progress)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     print(file=sys.stderr)
     out = {
         "avg_at_k": res["eval/accuracy"],
         "pass_at_k": res["eval/pass_at_k"],
         "k": int(res["eval/k"]),
         "num_prompts": int(res["eval/num_prompts"]),
-        "temperature": temp,
+        "temperature": cfg.generator.eval_temperature,
         "response_len_mean": res["eval/response_len_mean"],
+        "engine": args.engine,
+        "data": source,
+        "per_source": _per_source(res),
     }
     print(
-        f"avg@{out['k']} {out['avg_at_k']:.4f}  pass@{out['k']} {out['pass_at_k']:.4f}  on {out['num_prompts']} prompts",
+        f"avg@{out['k']} {out['avg_at_k']:.4f}  pass@{out['k']} {out['pass_at_k']:.4f}  on "
+        f"{out['num_prompts']} prompts ({args.engine})",
         file=sys.stderr,
     )
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def _per_source(res: dict) -> dict:
+    out: dict = {}
+    for key, value in res.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] in ("accuracy", "pass_at_k"):
+            name = "avg_at_k" if parts[2] == "accuracy" else "pass_at_k"
+            out.setdefault(parts[1], {})[name] = value
+    return out

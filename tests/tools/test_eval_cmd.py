@@ -3,6 +3,7 @@ in the DAPO schema, checked against an independent count with the same model."""
 
 import json
 
+import pytest
 import torch
 from testutil import last_json, run_cli
 
@@ -59,3 +60,31 @@ def test_eval_k_samples_on_a_jsonl_file(tiny_model, tmp_path, repo, cli_env):
     res = run_eval(repo, cli_env, "--model", str(tiny_model), "--data", str(f), "--k", "3")
     assert res["k"] == 3 and res["num_prompts"] == 6 and res["temperature"] == 1.0
     assert 0.0 <= res["avg_at_k"] <= res["pass_at_k"] <= 1.0
+
+
+@pytest.mark.slow
+def test_eval_with_a_run_config_on_vllm_equals_transformers(tiny_model, repo, cli_env):
+    """`eval --config` takes the run's data, reward and lengths; greedy decoding on the vLLM CPU
+    engine and on transformers scores the same."""
+    common = ["--config", "configs/tiny_cpu.yaml", "--model", str(tiny_model), "data.num_eval=16"]
+    hf = run_eval(repo, cli_env, *common, "--engine", "hf")
+    vllm = run_eval(repo, cli_env, *common, "--engine", "vllm")
+    assert vllm["engine"] == "vllm" and vllm["num_prompts"] == hf["num_prompts"] == 16
+    assert vllm["avg_at_k"] == hf["avg_at_k"]
+
+
+def test_eval_reports_each_data_source(tiny_model, tmp_path, repo, cli_env):
+    rows = [
+        {
+            "data_source": "easy" if a % 2 else "hard",
+            "prompt": [{"role": "user", "content": f"{a}+1="}],
+            "reward_model": {"ground_truth": str(a + 1)},
+        }
+        for a in range(1, 9)
+    ]
+    f = tmp_path / "mixed.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    res = run_eval(repo, cli_env, "--model", str(tiny_model), "--data", str(f))
+    assert set(res["per_source"]) == {"easy", "hard"}
+    both = [res["per_source"][s]["avg_at_k"] for s in ("easy", "hard")]
+    assert sum(both) / 2 == pytest.approx(res["avg_at_k"])
