@@ -170,6 +170,7 @@ def _add_model_commands(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = a free port (printed)")
     p.add_argument("--keys", default="", help="CurveZMQ keys directory (`dapo-async keys`)")
+    p.add_argument("--endpoint-file", default="", help="also write the endpoint to this file")
     p.add_argument("--insecure-allow-public-bind", action="store_true")
     p.add_argument("--max-batch", type=int, default=64, help="texts per forward pass")
     p.add_argument("--batch-wait-s", type=float, default=0.005, help="wait for more requests")

@@ -84,3 +84,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def reward_model_dir(tmp_path_factory):
+    """A small random HF sequence-classification reward model with the tiny tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from dapo_async.tiny.tokenizer import VOCAB_SIZE, build_tokenizer
+
+    d = tmp_path_factory.mktemp("rm")
+    tok = build_tokenizer(d)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    LlamaForSequenceClassification(cfg).save_pretrained(d)
+    return d

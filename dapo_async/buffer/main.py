@@ -112,6 +112,7 @@ def _write_final(run_dir, svc) -> None:
         "stored": len(st.groups),
         "version": st.version,
         "malformed": svc.malformed,
+        "component_names": list(st.component_names),  # the reward's parts, as groups hold them
         # response length -> count, of qualified and of trained groups (bench async --workload)
         "response_len_hist": {
             k: {str(n): c for n, c in sorted(h.items())} for k, h in st.len_hist.items()

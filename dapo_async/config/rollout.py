@@ -118,9 +118,34 @@ class RewardConfig:
         5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
     )
     num_workers: int = F(1, "Isolated reward worker processes per generator.")
+    model_path: str = F(
+        "",
+        "Reward model (HF sequence-classification directory) that `dapo-async train` serves "
+        "with its own `reward-server` role; generators score prompt + response with it.",
+    )
+    model_endpoint: str = F(
+        "",
+        "A reward model served elsewhere: tcp://host:port (`dapo-async reward-server`) or "
+        "http(s)://URL (JSON {texts} → {scores}); empty = model_path's server, if any.",
+    )
+    model_weight: float = F(1.0, "Weight of the reward model's score in the total reward.")
+    verifier_weight: float = F(1.0, "Weight of the verifier's score (`fn`) in the total reward.")
+    model_timeout_s: float = F(
+        60.0, "Timeout of one batched reward-model request; a failure scores the model part 0."
+    )
+
+    @property
+    def uses_model(self) -> bool:
+        return bool(self.model_path or self.model_endpoint)
 
     def check(self, p: str) -> None:
         _need(self.fn != "", f"{p}.fn", "must not be empty")
+        _need(
+            not self.model_endpoint or self.model_endpoint.startswith(("tcp://", "http")),
+            f"{p}.model_endpoint",
+            "must be tcp://host:port or an http(s):// URL",
+        )
+        _need(self.model_timeout_s > 0, f"{p}.model_timeout_s", "must be > 0")
         _need(self.overlong_max_len >= 0, f"{p}.overlong_max_len", "must be >= 0 (0 = derived)")
         _need(
             0 < self.overlong_cache_len < self.overlong_max_len,

@@ -65,6 +65,8 @@ class GeneratorLoop:
         self.id = generator_id
         self.engine = engine
         self.score_fn = score_fn
+        # the reward's parts, in the order each response's components hold them
+        self.component_names = list(getattr(score_fn, "component_names", COMPONENT_NAMES))
         self.sock = sock
         self.params = params
         self.prompts_per_batch = prompts_per_batch
@@ -159,7 +161,7 @@ class GeneratorLoop:
         for g in due:
             self.outbox[g.group_id] = (g, now)
         self._send(
-            protocol.ScoredGroups(batch=protocol.GroupBatch.from_groups(due, list(COMPONENT_NAMES)))
+            protocol.ScoredGroups(batch=protocol.GroupBatch.from_groups(due, self.component_names))
         )
         self.counters["resent"] += len(due)
 
@@ -262,7 +264,7 @@ class GeneratorLoop:
             self.outbox[g.group_id] = (g, now)
         self._send(
             protocol.ScoredGroups(
-                batch=protocol.GroupBatch.from_groups(groups, list(COMPONENT_NAMES))
+                batch=protocol.GroupBatch.from_groups(groups, self.component_names)
             )
         )
         self.counters["groups_sent"] += len(groups)
@@ -270,20 +272,33 @@ class GeneratorLoop:
         self.counters["tokens"] += sum(g.num_tokens for g in groups)
 
     def _metrics(self, groups: list[protocol.Group], t_gen: float) -> dict[str, float]:
-        rewards = np.concatenate([g.rewards for g in groups])
-        acc = np.concatenate([g.acc for g in groups])
         lens = np.concatenate([g.response_lens for g in groups])
         elapsed = time.monotonic() - self._t_start
-        return {
+        out = {
             "generator/tokens_per_s": sum(g.num_tokens for g in groups) / max(t_gen, 1e-9),
-            "generator/reward_mean": float(rewards.mean()),
-            "generator/accuracy": float(acc.mean()),
             "generator/response_len_mean": float(lens.mean()),
             "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
             "generator/outbox": float(len(self.outbox)),
             "generator/version": float(self.engine.version),
             "generator/groups_sent": float(self.counters["groups_sent"]),
         }
+        out.update(self.reward_metrics(groups))
+        return out
+
+    def reward_metrics(self, groups: list[protocol.Group]) -> dict[str, float]:
+        """Mean reward and accuracy of ``groups``, each part of the reward on its own, and the
+        reward model's failed requests so far."""
+        out = {
+            "generator/reward_mean": float(np.concatenate([g.rewards for g in groups]).mean()),
+            "generator/accuracy": float(np.concatenate([g.acc for g in groups]).mean()),
+        }
+        comps = np.concatenate([g.components for g in groups])
+        for i, name in enumerate(self.component_names):
+            out[f"generator/reward_{name}_mean"] = float(comps[:, i].mean())
+        model = getattr(self.score_fn, "model", None)
+        if model is not None:
+            out["generator/reward_model_failures"] = float(model.failures)
+        return out
 
     def _await_weights(self, min_version: int, stop) -> None:
         """Before generating for a lease, wait (bounded) for weights the staleness bound allows:

@@ -25,6 +25,7 @@ from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import EngineWeightReceiver, ReconnectingReceiver
 from dapo_async.keys import run_keys_dir
 from dapo_async.reward.compose import RewardComposer
+from dapo_async.reward.model_client import RewardModelScorer
 from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 from dapo_async.tracking import Tracker
@@ -44,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
 
     run_dir = cfg.resolved_run_dir
     engine = engine_for(cfg, cfg.model.source_dir)
-    score, pool = make_scorer(cfg)
+    score, pool = make_scorer(cfg, run_dir, stop)
 
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
@@ -124,18 +125,41 @@ def sampling_params(cfg):
     )
 
 
-def make_scorer(cfg):
-    """(score function, reward pool): the pool runs the reward functions in isolated workers;
-    the caller closes it."""
+def make_scorer(cfg, run_dir=None, stop=None):
+    """(score function, closer): the verifier runs in the reward pool's isolated workers; with
+    ``reward.model_*`` a reward model scores prompt + response too, one batched request per
+    call (a failed request scores that part 0 and is counted). The caller closes the closer."""
     composer = RewardComposer(cfg.reward)
     pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
+    model = None
+    if cfg.reward.uses_model:
+        rc = cfg.reward
+        endpoint = rc.model_endpoint or read_endpoint(run_dir, "reward", stop=stop)
+        model = RewardModelScorer.from_config(rc, endpoint, run_keys_dir(cfg.launch, run_dir))
 
     def score(items):
         # items: (response, ground truth, tokens, prompt text, extra_info)
         verdicts = pool.score_batch([(t, truth, p, x) for t, truth, _, p, x in items])
-        return [composer.combine(v, item[2], v.get("tag", "")) for v, item in zip(verdicts, items)]
+        model_scores = (
+            model.score([p + t for t, _, _, p, _ in items]) if model else [None] * len(items)
+        )
+        return [
+            composer.combine(v, item[2], v.get("tag", ""), m)
+            for v, item, m in zip(verdicts, items, model_scores)
+        ]
 
-    return score, pool
+    score.component_names = composer.component_names
+    score.model = model
+    return score, _Closer(pool, model)
+
+
+class _Closer:
+    def __init__(self, *parts):
+        self.parts = [p for p in parts if p is not None]
+
+    def close(self) -> None:
+        for p in self.parts:
+            p.close()
 
 
 def engine_for(cfg, path: str):

@@ -56,6 +56,7 @@ class StreamLoop(GeneratorLoop):
         self.spans: list[int] = []  # versions spanned per finished response (since last report)
         self.lens: list[int] = []
         self._last_metrics = 0.0  # the first report goes out at once
+        self.recent: list[protocol.Group] = []  # groups scored since the last report
 
     # ------------------------------------------------------------------ steps
 
@@ -130,7 +131,9 @@ class StreamLoop(GeneratorLoop):
             for c in comps:
                 self.spans.append(len(np.unique(c.versions)) if len(c.tokens) else 0)
                 self.lens.append(len(c.tokens))
-        return self.score_groups(finished, self.engine.version)
+        groups = self.score_groups(finished, self.engine.version)
+        self.recent.extend(groups)  # for the next metrics report
+        return groups
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -138,7 +141,7 @@ class StreamLoop(GeneratorLoop):
             return
         self._last_metrics = now
         self.on_metrics(self.stream_metrics())
-        self.spans, self.lens = [], []
+        self.spans, self.lens, self.recent = [], [], []
 
     def stream_metrics(self) -> dict[str, float]:
         elapsed = time.monotonic() - self._t_start
@@ -154,6 +157,8 @@ class StreamLoop(GeneratorLoop):
         if self.spans:
             out["generator/versions_per_response"] = float(np.mean(self.spans))
             out["generator/response_len_mean"] = float(np.mean(self.lens))
+        if self.recent:
+            out.update(self.reward_metrics(self.recent))
         return out
 
     def flush(self, *args, **kwargs) -> None:

@@ -175,13 +175,23 @@ class Supervisor:
     """Starts the roles in order and watches them until the learner finishes (see the module
     docstring); ``interrupted`` collects SIGINT/SIGTERM from the signal handlers."""
 
-    def __init__(self, cfg, run_dir: Path, buffer: Role, learner: Role, gens: list[Role]):
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        buffer: Role,
+        learner: Role,
+        gens: list[Role],
+        services: list[Role] | None = None,
+    ):
         self.cfg, self.run_dir = cfg, run_dir
         self.buffer, self.learner, self.gens = buffer, learner, gens
+        # started after the buffer, before the learner, each waited for by its endpoint file
+        # named like the role (the reward-model server: "reward")
+        self.services = list(services or [])
         lc = cfg.launch
         self.policies = {
-            r.name: RestartPolicy(lc.max_restarts, lc.restart_window_s)
-            for r in (buffer, learner, *gens)
+            r.name: RestartPolicy(lc.max_restarts, lc.restart_window_s) for r in self.roles
         }
         self.interrupted: list[int] = []
         self.t0 = time.monotonic()
@@ -189,11 +199,14 @@ class Supervisor:
 
     @property
     def roles(self) -> list[Role]:
-        return [self.buffer, self.learner, *self.gens]
+        return [self.buffer, *self.services, self.learner, *self.gens]
 
     def start(self) -> None:
         self.buffer.start()
         wait_for_endpoint(self.run_dir, "buffer", self.buffer, self.interrupted)
+        for s in self.services:
+            s.start()
+            wait_for_endpoint(self.run_dir, s.name, s, self.interrupted)
         self.learner.start()
         if self.cfg.weight_sync.mode == "dist":
             wait_for_endpoint(self.run_dir, "wsync", self.learner, self.interrupted)

@@ -160,12 +160,39 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
     return buffer, learner, gens
 
 
+def service_roles(cfg, run_dir: Path, env: dict) -> list[Role]:
+    """Roles beside the data path: the reward-model server when ``reward.model_path`` is set
+    (on launch.host, with the run's CurveZMQ keys; its endpoint in endpoints/reward)."""
+    rc = cfg.reward
+    if not rc.model_path or rc.model_endpoint:
+        return []
+    keys = run_keys_dir(cfg.launch, run_dir)
+    # one port for the run: a restarted server comes back where the generators look for it
+    port = free_port(cfg.launch.host)
+    cmd = _cli("reward-server", "--model", rc.model_path, "--host", cfg.launch.host)
+    cmd += ["--port", str(port)]
+    cmd += ["--endpoint-file", str(run_dir / "endpoints" / "reward")]
+    if keys is not None:
+        cmd += ["--keys", str(keys)]
+    return [
+        Role(
+            "reward",
+            cmd,
+            run_dir / "logs" / "reward.log",
+            env,
+            restartable=cfg.launch.restart_roles,
+        )
+    ]
+
+
 def check_paths(cfg) -> None:
     """Files and directories the roles will open exist (caught here, not 20 s later in a role)."""
     if cfg.model.path and not Path(cfg.model.path).is_dir():
         raise ValueError(f"model.path: no such model directory: {cfg.model.path!r}")
     if cfg.model.reference_path and not Path(cfg.model.reference_path).is_dir():
         raise ValueError(f"model.reference_path: no such directory: {cfg.model.reference_path!r}")
+    if cfg.reward.model_path and not Path(cfg.reward.model_path).is_dir():
+        raise ValueError(f"reward.model_path: no such model directory: {cfg.reward.model_path!r}")
     for key in ("source", "eval_source"):
         value = getattr(cfg.data, key)
         if value and parse_source(value) is None and not Path(value).is_file():
@@ -192,12 +219,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"[train] error: {e}", file=sys.stderr)
         return 1
     buffer, learner, gens = make_roles(cfg, cfg_path, run_dir, args.resume)
+    services = service_roles(cfg, run_dir, buffer.env)
     print(
         f"[train] run directory {run_dir}  (logs in {run_dir / 'logs'}, metrics in "
         f"{run_dir / 'metrics'})",
         file=sys.stderr,
     )
-    sup = Supervisor(cfg, run_dir, buffer, learner, gens)
+    sup = Supervisor(cfg, run_dir, buffer, learner, gens, services)
     old_int = signal.signal(signal.SIGINT, lambda signum, frame: sup.interrupted.append(signum))
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: sup.interrupted.append(signum))
     rc = 0

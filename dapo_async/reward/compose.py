@@ -22,6 +22,7 @@ from dapo_async.config import RewardConfig
 from dapo_async.reward.verifiers import BUILTIN
 
 COMPONENT_NAMES = ("correct", "overlong")
+MODEL_COMPONENT = "model"  # added when a reward model scores too
 
 
 class RewardError(ValueError):
@@ -89,7 +90,7 @@ def normalize_result(out) -> dict:
 class Scored:
     reward: float
     acc: float
-    components: tuple[float, float]
+    components: tuple[float, ...]
     pred: str | None = None
     tag: str = ""
 
@@ -98,21 +99,26 @@ class RewardComposer:
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
         self.fn = resolve(cfg.fn)
+        self.component_names = COMPONENT_NAMES + ((MODEL_COMPONENT,) if cfg.uses_model else ())
 
     def shaping(self, num_tokens: int) -> float:
         if not self.cfg.overlong_shaping:
             return 0.0
         return overlong_penalty(num_tokens, self.cfg.overlong_max_len, self.cfg.overlong_cache_len)
 
-    def combine(self, verdict: dict, num_tokens: int, tag: str = "") -> Scored:
+    def combine(
+        self, verdict: dict, num_tokens: int, tag: str = "", model_score: float | None = None
+    ) -> Scored:
+        """total = verifier_weight · verifier + overlong (+ model_weight · model); each part
+        is reported as its own (unweighted) component."""
         over = self.shaping(num_tokens)
-        return Scored(
-            verdict["score"] + over,
-            verdict["acc"],
-            (verdict["score"], over),
-            verdict.get("pred"),
-            tag,
-        )
+        total = self.cfg.verifier_weight * verdict["score"] + over
+        parts: tuple[float, ...] = (verdict["score"], over)
+        if self.cfg.uses_model:
+            m = 0.0 if model_score is None else float(model_score)
+            total += self.cfg.model_weight * m
+            parts += (m,)
+        return Scored(total, verdict["acc"], parts, verdict.get("pred"), tag)
 
     def score(
         self,

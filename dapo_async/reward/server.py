@@ -152,6 +152,10 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
     print(f"reward-server listening on {server.endpoint}", flush=True)
+    if args.endpoint_file:  # how `dapo-async train`'s generators find it
+        from dapo_async.utils import atomic_write_text
+
+        atomic_write_text(args.endpoint_file, server.endpoint)
     try:
         counters = serve(model, server, stop, args.max_batch, args.batch_wait_s)
     finally:

@@ -10,30 +10,6 @@ import pytest
 from dapo_async.reward.http_client import HTTPRewardClient, RewardHTTPError
 
 
-@pytest.fixture(scope="module")
-def reward_model_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from dapo_async.tiny.tokenizer import VOCAB_SIZE, build_tokenizer
-
-    d = tmp_path_factory.mktemp("rm")
-    tok = build_tokenizer(d)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
-    LlamaForSequenceClassification(cfg).save_pretrained(d)
-    return d
-
-
 def test_reward_server_process_matches_in_process(reward_model_dir, cli_env, repo):
     from dapo_async.reward.server import RewardClient, RewardModel
 
@@ -145,3 +121,31 @@ def test_reward_score_cli(cli_env, repo):
         env={**cli_env, "PYTHONWARNINGS": "ignore"},
     )
     assert bad.returncode == 1 and "unknown reward function" in bad.stderr
+
+
+def test_reward_model_scorer_over_http_weights_and_counts_failures():
+    """The generators' scorer with an HTTP endpoint: scores weighted into the total, each part
+    reported on its own; a failed request scores the model part 0 and is counted."""
+    from dapo_async.config import load_config
+    from dapo_async.reward.compose import RewardComposer
+    from dapo_async.reward.model_client import RewardModelScorer
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/score"
+    rc = load_config(
+        None,
+        [f"reward.model_endpoint={url}", "reward.model_weight=0.5", "reward.model_timeout_s=2"],
+    ).reward
+    scorer = RewardModelScorer.from_config(rc, url, None)
+    composer = RewardComposer(rc)
+    assert composer.component_names == ("correct", "overlong", "model")
+    try:
+        (m,) = scorer.score(["abcd"])
+        s = composer.combine({"score": 1.0, "acc": 1.0}, 3, model_score=m)
+        assert m == 4.0 and s.reward == 1.0 + 0.5 * 4.0 and s.components == (1.0, 0.0, 4.0)
+        assert scorer.score(["boom"]) == [0.0] and scorer.failures == 1  # HTTP 500
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert scorer.score(["a", "b"]) == [0.0, 0.0] and scorer.failures == 2  # unreachable
