@@ -109,3 +109,11 @@ def reward_model_dir(tmp_path_factory):
     )
     LlamaForSequenceClassification(cfg).save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="session")
+def real_shaped_model(tmp_path_factory) -> Path:
+    """A Qwen2-architecture model with a byte-level BPE tokenizer (tests/real_shaped.py)."""
+    from real_shaped import build_qwen2_like
+
+    return build_qwen2_like(tmp_path_factory.mktemp("qwen2") / "model")
