@@ -117,6 +117,10 @@ def _add_roles(sub) -> None:
     )
     p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
+    p = sub.add_parser("evaluator", help="run periodic held-out evaluation off the learner")
+    _add_config_args(p)
+    p.set_defaults(func=_lazy("dapo_async.evaluator.main", "main"))
+
 
 def _add_model_commands(sub) -> None:
     """eval, init-tiny, reward, reward-server."""

@@ -7,7 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "dapo_async"
 # One OS process each (dapo_async/<role>/); they meet only through protocol messages and the
 # weight-sync interfaces.
-ROLES = {"buffer", "generator", "learner", "launch"}
+ROLES = {"buffer", "evaluator", "generator", "learner", "launch"}
 # May import anything: the command line and the commands built on whole roles.
 TOP = {"cli", "bench", "tools"}
 MAX_MODULE_LINES = 400

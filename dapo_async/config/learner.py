@@ -34,6 +34,12 @@ class LearnerConfig:
     checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.")
     keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
     eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
+    eval_process: bool = F(
+        True,
+        "Periodic evaluations (eval_every) run in an `evaluator` role (started by `train`) on "
+        "weight snapshots the learner writes, off its critical path; false = on learner rank 0 "
+        "between steps.",
+    )
     backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
     collective_timeout_s: float = F(
         1800.0,

@@ -183,12 +183,14 @@ class Supervisor:
         learner: Role,
         gens: list[Role],
         services: list[Role] | None = None,
+        extras: list[Role] | None = None,
     ):
         self.cfg, self.run_dir = cfg, run_dir
         self.buffer, self.learner, self.gens = buffer, learner, gens
         # started after the buffer, before the learner, each waited for by its endpoint file
         # named like the role (the reward-model server: "reward")
         self.services = list(services or [])
+        self.extras = list(extras or [])  # started last, nothing waits for them (the evaluator)
         lc = cfg.launch
         self.policies = {
             r.name: RestartPolicy(lc.max_restarts, lc.restart_window_s) for r in self.roles
@@ -199,7 +201,7 @@ class Supervisor:
 
     @property
     def roles(self) -> list[Role]:
-        return [self.buffer, *self.services, self.learner, *self.gens]
+        return [self.buffer, *self.services, self.learner, *self.gens, *self.extras]
 
     def start(self) -> None:
         self.buffer.start()
@@ -210,7 +212,7 @@ class Supervisor:
         self.learner.start()
         if self.cfg.weight_sync.mode == "dist":
             wait_for_endpoint(self.run_dir, "wsync", self.learner, self.interrupted)
-        for g in self.gens:
+        for g in (*self.gens, *self.extras):
             g.start()
 
     def watch(self) -> None:

@@ -185,6 +185,15 @@ def service_roles(cfg, run_dir: Path, env: dict) -> list[Role]:
     ]
 
 
+def evaluator_roles(cfg, cfg_path: Path, run_dir: Path, env: dict) -> list[Role]:
+    """The evaluator role, when periodic evaluations run in their own process."""
+    lc = cfg.learner
+    if not (lc.eval_every and lc.eval_process):
+        return []
+    cmd = _cli("evaluator", str(cfg_path))
+    return [Role("evaluator", cmd, run_dir / "logs" / "evaluator.log", env, restartable=True)]
+
+
 def check_paths(cfg) -> None:
     """Files and directories the roles will open exist (caught here, not 20 s later in a role)."""
     if cfg.model.path and not Path(cfg.model.path).is_dir():
@@ -220,12 +229,13 @@ def main(args: argparse.Namespace) -> int:
         return 1
     buffer, learner, gens = make_roles(cfg, cfg_path, run_dir, args.resume)
     services = service_roles(cfg, run_dir, buffer.env)
+    extras = evaluator_roles(cfg, cfg_path, run_dir, buffer.env)
     print(
         f"[train] run directory {run_dir}  (logs in {run_dir / 'logs'}, metrics in "
         f"{run_dir / 'metrics'})",
         file=sys.stderr,
     )
-    sup = Supervisor(cfg, run_dir, buffer, learner, gens, services)
+    sup = Supervisor(cfg, run_dir, buffer, learner, gens, services, extras)
     old_int = signal.signal(signal.SIGINT, lambda signum, frame: sup.interrupted.append(signum))
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: sup.interrupted.append(signum))
     rc = 0

@@ -29,7 +29,7 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dapo_async import checkpoint_dirs, protocol, transport
+from dapo_async import checkpoint_dirs, eval_snapshots, protocol, transport
 from dapo_async.data.datasets import load_source
 from dapo_async.devices import learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
@@ -285,7 +285,12 @@ class Learner:
 
     def track(self, step: int, metrics: dict, evaluate: bool) -> None:
         if evaluate:
-            metrics.update(self._evaluate())
+            t0 = time.monotonic()
+            if self.cfg.learner.eval_process:  # the evaluator role takes it from here
+                eval_snapshots.write(self.run_dir, self.full, self.trainer.version)
+            else:
+                metrics.update(self._evaluate())
+            metrics["time/eval_s"] = time.monotonic() - t0  # what the learner waited
         self.tracker.track(metrics, self.trainer.version)
         if (step + 1) % self.cfg.tracking.log_every == 0:
             self.log.info(

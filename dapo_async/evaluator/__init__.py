@@ -1,0 +1,1 @@
+"""The evaluator role: periodic held-out evaluation off the learner's critical path."""

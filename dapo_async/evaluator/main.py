@@ -1,0 +1,79 @@
+"""`dapo-async evaluator CONFIG [overrides]`: periodic held-out evaluation in its own process.
+
+The learner (``learner.eval_process``) writes a weight snapshot at every ``learner.eval_every``
+step and goes on training; this role loads each snapshot into its own copy of the policy,
+evaluates it (``dapo_async.evaluation``: avg@k / pass@k per data source) and records ``eval/*``
+at the snapshot's version in ``metrics/evaluator.jsonl`` and Aim, so the learner's step time no
+longer holds the evaluation. It exits on SIGINT/SIGTERM, or once the learner has finished
+(``learner_summary.json``) and nothing is pending.
+
+    loop: pending snapshots? → load (oldest first) → evaluate → track(version) → delete
+          none? → learner finished? exit : sleep POLL_S
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dapo_async.config import load_config
+from dapo_async.roles import StopFlag, set_threads, setup_logging
+
+# How often an idle evaluator looks for a new snapshot (evaluations take seconds).
+POLL_S = 0.5
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    log = setup_logging("evaluator")
+    stop = StopFlag().install()
+    set_threads(cfg.launch.torch_threads)
+
+    from safetensors.torch import load_file  # torch, transformers: after parsing
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_async import eval_snapshots
+    from dapo_async.data.datasets import load_source
+    from dapo_async.evaluation import evaluate_records
+    from dapo_async.tracking import Tracker
+
+    run_dir = cfg.resolved_run_dir
+    d = cfg.data
+    records = load_source(
+        d.eval_source or d.source, "eval", d.num_eval, d.difficulty, cfg.seed, d.max_difficulty
+    )
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.source_dir)
+    tok = AutoTokenizer.from_pretrained(cfg.model.source_dir)
+    tracker = Tracker.for_role(cfg, "evaluator")
+    evaluated = 0
+    try:
+        while not stop:
+            todo = eval_snapshots.pending(run_dir)
+            if not todo:
+                if (run_dir / "learner_summary.json").exists():
+                    break
+                time.sleep(POLL_S)
+                continue
+            version, path = todo[0]
+            t0 = time.monotonic()
+            model.load_state_dict(load_file(str(path)), strict=False)
+            ev = evaluate_records(model, tok, cfg, records)
+            ev["eval/seconds"] = time.monotonic() - t0
+            tracker.track(ev, version)
+            log.info(
+                "v%d held-out accuracy %.3f (%.1fs)",
+                version,
+                ev["eval/accuracy"],
+                ev["eval/seconds"],
+            )
+            eval_snapshots.done(path)
+            evaluated += 1
+    finally:
+        tracker.close()
+    log.info("stopped after %d evaluations (%s)", evaluated, stop.reason or "learner finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:])))

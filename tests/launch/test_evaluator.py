@@ -1,0 +1,34 @@
+"""Periodic held-out evaluation off the learner's critical path: with learner.eval_every the
+learner writes a weight snapshot per evaluation and goes on; the launcher's evaluator role
+evaluates each and records eval/* at that version (metrics/evaluator.jsonl)."""
+
+import json
+from pathlib import Path
+
+from testutil import TRAIN_FAST, last_json, run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_periodic_evaluation_runs_in_the_evaluator_role(tiny_model, tmp_path, cli_env):
+    run = tmp_path / "run"
+    out = run_cli(
+        REPO, cli_env, "train", "configs/tiny_cpu.yaml", f"model.path={tiny_model}",
+        f"run_dir={run}", "learner.num_steps=4", "learner.eval_every=1", *TRAIN_FAST, "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert last_json(out)["steps"] == 4
+    learner = _rows(run / "metrics" / "learner.jsonl")
+    # the learner only wrote snapshots at steps 1..3 (step 4's evaluation is the final one)
+    waits = [r["time/eval_s"] for r in learner if "time/eval_s" in r]
+    assert len(waits) == 3
+    assert not any("eval/accuracy" in r and "time/eval_s" in r for r in learner)
+    log = (run / "logs" / "evaluator.log").read_text()
+    assert "held-out accuracy" in log, log[-2000:]
+    evals = _rows(run / "metrics" / "evaluator.jsonl")
+    assert evals and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
+    assert {r["step"] for r in evals} <= {1, 2, 3}
