@@ -24,10 +24,16 @@ from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 
 
-def load_prompts(cfg, log) -> tuple[list, list[list[int]]]:
-    """The training prompts that fit data.max_prompt_len, and their token ids."""
+def load_prompts(cfg, log) -> tuple[list, list[list[int]], tuple | None]:
+    """The training prompts that fit data.max_prompt_len, their token ids, and for a weighted
+    mixture (``data.sources``) each source's number of prompts and weight."""
     d = cfg.data
-    records = load_source(d.source, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty)
+    sources = list(d.sources.items()) if d.sources else [(d.source, 1.0)]
+    per_source = [
+        load_source(src, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty)
+        for src, _ in sources
+    ]
+    records = [r for recs in per_source for r in recs]
     # rendered by the tokenizer's own chat template in a child process (transformers would
     # bring torch into the buffer), cached in the run directory for restarts
     try:
@@ -36,15 +42,22 @@ def load_prompts(cfg, log) -> tuple[list, list[list[int]]]:
         )
     except ValueError as e:
         raise SystemExit(f"buffer: {e}") from None
-    tokens, kept = [], []
-    for r, ids in zip(records, all_ids):
-        if len(ids) <= d.max_prompt_len:
-            kept.append(r)
-            tokens.append(ids)
-    if not kept:
-        raise SystemExit(f"buffer: no prompt fits data.max_prompt_len={d.max_prompt_len}")
+    tokens, kept, sizes, start = [], [], [], 0
+    for (src, _), recs in zip(sources, per_source):
+        n_before = len(kept)
+        for r, ids in zip(recs, all_ids[start : start + len(recs)]):
+            if len(ids) <= d.max_prompt_len:
+                kept.append(r)
+                tokens.append(ids)
+        start += len(recs)
+        sizes.append(len(kept) - n_before)
+        if sizes[-1] == 0:
+            raise SystemExit(
+                f"buffer: no prompt of {src} fits data.max_prompt_len={d.max_prompt_len}"
+            )
     log.info("%d prompts (%d filtered as too long)", len(kept), len(records) - len(kept))
-    return kept, tokens
+    mixture = (sizes, [w for _, w in sources]) if d.sources else None
+    return kept, tokens, mixture
 
 
 def previous_port(run_dir) -> int:
@@ -63,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     run_dir = cfg.resolved_run_dir
     save_resolved(cfg, run_dir)
-    prompts, tokens = load_prompts(cfg, log)
+    prompts, tokens, mixture = load_prompts(cfg, log)
     ctx = zmq.Context()
     keys_dir = run_keys_dir(cfg.launch, run_dir)
     if keys_dir is not None and not cfg.launch.curve_keys_dir:
@@ -85,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
         server,
         wal_path=(run_dir / WAL_NAME) if cfg.buffer.wal else None,
         on_stats=lambda s: tracker.track(s, int(time.monotonic() - t0)),
+        mixture=mixture,
     )
     write_endpoint(run_dir, "buffer", server.endpoint)
     log.info("serving on %s (wal=%s)", server.endpoint, cfg.buffer.wal)

@@ -47,12 +47,15 @@ class BufferService:
         server: transport.Server,
         wal_path: str | Path | None = None,
         on_stats: Callable[[dict[str, float]], None] | None = None,
+        mixture: tuple[list[int], list[float]] | None = None,
     ):
         self.cfg = cfg
         self.records = records
         self.prompt_tokens = prompt_tokens
         self.server = server
-        self.state = BufferState(cfg.buffer, len(records), cfg.data.shuffle_seed, [])
+        self.state = BufferState(
+            cfg.buffer, len(records), cfg.data.shuffle_seed, [], mixture=mixture
+        )
         self.limits = GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens)
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}

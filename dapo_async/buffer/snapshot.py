@@ -8,7 +8,7 @@ from collections import Counter, OrderedDict, deque
 
 from dapo_async.buffer.counters import Counters
 from dapo_async.buffer.records import Lease, StepBatch
-from dapo_async.data.cursor import PromptCursor
+from dapo_async.data.cursor import cursor_from_state
 from dapo_async.protocol import Group
 
 # Ids kept in a snapshot: generators resend only unacknowledged groups, a few outboxes' worth.
@@ -44,7 +44,7 @@ def dump(self) -> dict:
 
 def load(self, snap: dict, groups: list[Group]) -> None:
     now = time.monotonic()
-    self.cursor = PromptCursor.from_state(snap["cursor"])
+    self.cursor = cursor_from_state(snap["cursor"])
     self.version = snap["version"]
     self.next_lease_id = snap["next_lease_id"]
     self.leases = {row[0]: Lease(row[0], row[1], row[2], now, *row[3:]) for row in snap["leases"]}

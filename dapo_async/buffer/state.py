@@ -36,7 +36,7 @@ from dapo_async.buffer import snapshot
 from dapo_async.buffer.counters import Counters
 from dapo_async.buffer.records import Lease, StepBatch
 from dapo_async.config import BufferConfig
-from dapo_async.data.cursor import PromptCursor
+from dapo_async.data.cursor import PromptCursor, make_cursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
 
 # Pacing does not wait for a lease whose generator has been silent this long (three missed
@@ -47,9 +47,17 @@ MAX_REMEMBERED_IDS = 1_000_000
 
 
 class BufferState:
-    def __init__(self, cfg: BufferConfig, num_prompts: int, seed: int = 0, component_names=()):
+    def __init__(
+        self,
+        cfg: BufferConfig,
+        num_prompts: int,
+        seed: int = 0,
+        component_names=(),
+        mixture: tuple[list[int], list[float]] | None = None,
+    ):
         self.cfg = cfg
-        self.cursor = PromptCursor(num_prompts, seed)
+        # one source, or a weighted mixture (source sizes, weights): see data/cursor.py
+        self.cursor = make_cursor(*mixture, seed) if mixture else PromptCursor(num_prompts, seed)
         self.component_names = list(component_names)
         self.version = 0  # learner version = highest step requested
         self.next_lease_id = 0

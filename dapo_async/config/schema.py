@@ -44,6 +44,11 @@ class DataConfig:
         ".parquet/.jsonl file in the DAPO-Math-17K schema.",
     )
     eval_source: str = F("", "Held-out prompts (same forms as `source`); empty = the task's split.")
+    sources: dict = F(
+        {},
+        "Weighted training mixture {source: weight, …} (each source as in `source`); when set "
+        "it replaces `source`, and each lease draws a source in proportion to its weight.",
+    )
     num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).")
     num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).")
     difficulty: int = F(2, "Built-in tasks: number of digits per operand (arith) or steps (chain).")
@@ -76,6 +81,12 @@ class DataConfig:
         )
         _need(self.max_prompt_len > 0, f"{p}.max_prompt_len", "must be > 0")
         _choice(self.prompt_format, ("chat", "raw"), f"{p}.prompt_format")
+        for src, w in self.sources.items():
+            _need(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0,
+                f"{p}.sources",
+                f"the weight of {src!r} must be a number > 0",
+            )
 
 
 @dataclass

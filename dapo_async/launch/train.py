@@ -202,8 +202,9 @@ def check_paths(cfg) -> None:
         raise ValueError(f"model.reference_path: no such directory: {cfg.model.reference_path!r}")
     if cfg.reward.model_path and not Path(cfg.reward.model_path).is_dir():
         raise ValueError(f"reward.model_path: no such model directory: {cfg.reward.model_path!r}")
-    for key in ("source", "eval_source"):
-        value = getattr(cfg.data, key)
+    named = [("source", cfg.data.source), ("eval_source", cfg.data.eval_source)]
+    named += [("sources", src) for src in cfg.data.sources]
+    for key, value in named:
         if value and parse_source(value) is None and not Path(value).is_file():
             raise ValueError(f"data.{key}: no such data file: {value!r}")
 

@@ -34,3 +34,20 @@ def test_main_job_trains_and_evaluates_with_a_four_argument_reward(tiny_model, t
         for line in (run / "metrics" / "learner.jsonl").read_text().splitlines()
     ]
     assert any(r is not None and -1 < r < 1 for r in rewards)
+
+
+def test_main_job_on_a_weighted_mixture_of_a_file_and_a_built_in_task(
+    tiny_model, tmp_path, cli_env
+):
+    data = tmp_path / "user.jsonl"
+    write_user_jsonl(data, 64)
+    run = tmp_path / "run"
+    out = run_cli(
+        REPO, cli_env, "train", "configs/tiny_cpu.yaml", f"model.path={tiny_model}",
+        f"run_dir={run}", "learner.num_steps=2", *TRAIN_FAST,
+        f"data.sources={{{data}: 1, tiny:chain: 3}}", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert last_json(out)["steps"] == 2
+    # both sources' prompts were loaded: the 64 of the file and the task's 4096
+    assert "4160 prompts" in (run / "logs" / "buffer.log").read_text()
