@@ -66,6 +66,7 @@ BENCHES = {
     "ladder": "dapo_async.bench.ladder_bench",
     "faults": "dapo_async.bench.faults_bench",
     "logprobs": "dapo_async.bench.logprobs_bench",
+    "packing": "dapo_async.bench.packing_bench",
 }
 
 
@@ -207,7 +208,10 @@ def _add_bench(sub) -> None:
     )
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
     p.add_argument(
-        "--rounds", type=int, default=4, help="generator: interleaved rounds; weights: repetitions"
+        "--rounds",
+        type=int,
+        default=4,
+        help="generator, packing: interleaved rounds; weights: repetitions",
     )
     p.add_argument("--bucket-mb", type=int, default=64, help="weights: flat bucket size")
     p.add_argument("--backend", default="gloo", help="weights: gloo | nccl")

@@ -55,6 +55,12 @@ class LearnerConfig:
         "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
         "CUDA, float32 on CPU) | float32 | bfloat16.",
     )
+    pack_sequences: bool = F(
+        False,
+        "Pack each micro-batch's responses into one row (position ids restart per response, "
+        "block-diagonal attention): no padding is computed; micro_batch_tokens then bounds "
+        "the sum of the lengths. `bench packing` measures the gain.",
+    )
     logprob_chunk_tokens: int = F(
         1024,
         "Response positions per chunk when computing log-probs and entropy from hidden states "

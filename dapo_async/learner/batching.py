@@ -1,7 +1,11 @@
-"""Turn scored groups into padded training tensors and token-balanced micro-batches.
+"""Turn scored groups into padded (or packed) training tensors and token-balanced micro-batches.
 
 One row per response: ``[prompt tokens | response tokens]`` right-padded to the longest row of
-its micro-batch. Log-probs are needed for response positions only: for row i the response
+its micro-batch. Packed (``learner.pack_sequences``): a micro-batch's responses are laid end to
+end in rows as long as its longest one (first fit, longest first), with position ids restarting
+at each and a block-diagonal causal attention mask (``[B', 1, L, L]``), so no token attends
+across responses and little padding is computed; row i starts at ``offset_B[i]`` of packed row
+``row_B[i]``. Log-probs are needed for response positions only: for row i the response
 token j sits at position ``prompt_len_i + j`` and is predicted from position ``prompt_len_i + j − 1``.
 
 Advantages are computed per group (``algo.advantages``) before splitting, so they do not
@@ -54,6 +58,9 @@ class MicroBatch:
     rows: np.ndarray  # indices into Rows
     prox_logp_BT: torch.Tensor | None = None
     ref_logp_BT: torch.Tensor | None = None
+    position_ids_BL: torch.Tensor | None = None  # long [B', L]: packed rows only
+    row_B: torch.Tensor | None = None  # long [B]: the (packed) row holding row i
+    offset_B: torch.Tensor | None = None  # long [B]: where row i starts in it
 
     def to(self, device: torch.device) -> MicroBatch:
         """Move every tensor to ``device`` (in place; returns self)."""
@@ -119,20 +126,26 @@ def subset(rows: Rows, idx: np.ndarray) -> Rows:
     )
 
 
-def split_by_tokens(rows: Rows, max_tokens: int, num_parts: int = 1) -> list[np.ndarray]:
-    """Indices of rows for micro-batches of at most ``max_tokens`` padded tokens (at least one
-    row each), after splitting rows into ``num_parts`` contiguous mini-batches."""
+def split_by_tokens(
+    rows: Rows, max_tokens: int, num_parts: int = 1, packed: bool = False
+) -> list[np.ndarray]:
+    """Indices of rows for micro-batches of at most ``max_tokens`` tokens — padded (longest row
+    × rows), or with ``packed`` the sum of the rows' lengths — at least one row each, after
+    splitting rows into ``num_parts`` contiguous mini-batches."""
     out: list[np.ndarray] = []
     for part in np.array_split(np.arange(len(rows)), num_parts):
         cur: list[int] = []
-        width = 0
+        width = total = 0
         for i in part.tolist():
-            w = max(width, len(rows.prompts[i]) + len(rows.responses[i]))
-            if cur and w * (len(cur) + 1) > max_tokens:
+            n = len(rows.prompts[i]) + len(rows.responses[i])
+            w = max(width, n)
+            cost = total + n if packed else w * (len(cur) + 1)
+            if cur and cost > max_tokens:
                 out.append(np.asarray(cur))
-                cur, w = [], len(rows.prompts[i]) + len(rows.responses[i])
+                cur, w, total = [], n, 0
             cur.append(i)
             width = w
+            total += n
         if cur:
             out.append(np.asarray(cur))
     return out
@@ -144,9 +157,17 @@ def collate(
     pad_id: int,
     overlong_filter: bool = False,
     device: torch.device | str = "cpu",
+    pack: bool = False,
 ) -> MicroBatch:
     """One micro-batch of rows ``idx``, filled on the host and moved to ``device`` (the model's:
-    every tensor names its device, none relies on the default one)."""
+    every tensor names its device, none relies on the default one); ``pack``: in one row."""
+    mb = _padded(rows, idx, pad_id, overlong_filter)
+    if pack:
+        _pack(mb, rows, idx, pad_id)
+    return mb.to(torch.device(device))
+
+
+def _padded(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool) -> MicroBatch:
     b = len(idx)
     lens = [len(rows.prompts[i]) + len(rows.responses[i]) for i in idx]
     L = max(lens)
@@ -172,4 +193,42 @@ def collate(
         keep = 0.0 if (overlong_filter and rows.truncated[i]) else 1.0
         mask[k, :n] = keep
         adv[k, :n] = float(rows.adv[i])
-    return MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx).to(torch.device(device))
+    arange_B = torch.arange(b, device=host)
+    mb = MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx)
+    mb.row_B, mb.offset_B = arange_B, torch.zeros(b, dtype=torch.long, device=host)
+    return mb
+
+
+def _pack(mb: MicroBatch, rows: Rows, idx: np.ndarray, pad_id: int) -> None:
+    """Replace ``mb``'s padded inputs with packed rows (in place): the responses, longest
+    first, each into the first row with room (rows as long as the longest response, so no
+    row's attention costs more than a padded row's); what is left of a row is padding that
+    attends only to itself."""
+    host = torch.device("cpu")
+    lens = [len(rows.prompts[i]) + len(rows.responses[i]) for i in idx.tolist()]
+    cap = max(lens)
+    fill: list[int] = []  # tokens used per packed row
+    row_of, offset_of = [0] * len(lens), [0] * len(lens)
+    for k in sorted(range(len(lens)), key=lambda k: -lens[k]):  # first fit, decreasing
+        r = next((j for j, used in enumerate(fill) if used + lens[k] <= cap), len(fill))
+        if r == len(fill):
+            fill.append(0)
+        row_of[k], offset_of[k] = r, fill[r]
+        fill[r] += lens[k]
+    n_rows = len(fill)
+    ids = torch.full((n_rows, cap), pad_id, dtype=torch.long, device=host)
+    pos = torch.zeros((n_rows, cap), dtype=torch.long, device=host)
+    seg = torch.full((n_rows, cap), -1, dtype=torch.long, device=host)  # -1: padding
+    for k, i in enumerate(idx.tolist()):
+        r, o, n = row_of[k], offset_of[k], lens[k]
+        ids[r, o : o + n] = torch.from_numpy(
+            np.concatenate([rows.prompts[i], rows.responses[i]]).astype(np.int64)
+        )
+        pos[r, o : o + n] = torch.arange(n, dtype=torch.long, device=host)
+        seg[r, o : o + n] = k
+    ar = torch.arange(cap, device=host)
+    causal = ar[:, None] >= ar[None, :]
+    mb.input_ids_BL, mb.position_ids_BL = ids, pos
+    mb.attention_BL = ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]  # [B', 1, L, L]
+    mb.row_B = torch.tensor(row_of, dtype=torch.long, device=host)
+    mb.offset_B = torch.tensor(offset_of, dtype=torch.long, device=host)

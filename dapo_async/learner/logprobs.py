@@ -60,13 +60,24 @@ class ResponseLogProbs(torch.nn.Module):
         num_positions: int,
         temperature: float = 1.0,
         entropy: str = "none",
+        position_ids_BL: torch.Tensor | None = None,
+        row_B: torch.Tensor | None = None,
+        offset_B: torch.Tensor | None = None,
     ):
-        out = self.lm.get_decoder()(input_ids=input_ids_BL, attention_mask=attention_BL)
+        """Packed inputs (``batching._pack``) pass their position ids, and for each response the
+        row holding it and where it starts there; padded ones may leave them None."""
+        out = self.lm.get_decoder()(
+            input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_ids_BL
+        )
         hidden_BLH = out.last_hidden_state
         seq_len = input_ids_BL.shape[1]
-        pos_BT = response_positions(resp_start_B, num_positions, seq_len)
-        targets_BT = input_ids_BL.gather(1, (pos_BT + 1).clamp(max=seq_len - 1))
-        h_BTH = hidden_BLH.gather(1, pos_BT[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
+        if row_B is None:
+            row_B = torch.arange(resp_start_B.shape[0], device=resp_start_B.device)
+        start_B = resp_start_B if offset_B is None else resp_start_B + offset_B
+        pos_BT = response_positions(start_B, num_positions, seq_len)
+        rows_BT = row_B[:, None].expand_as(pos_BT)
+        targets_BT = input_ids_BL[rows_BT, (pos_BT + 1).clamp(max=seq_len - 1)]
+        h_BTH = hidden_BLH[rows_BT, pos_BT]
         head = self.lm.get_output_embeddings()
         step = self.chunk_tokens if self.chunk_tokens > 0 else num_positions
         logps, ents = [], []

@@ -111,6 +111,8 @@ class Trainer:
         )
         self.version = 0
         self.temperature = cfg.generator.temperature
+        # packed micro-batches for the policy objectives (DPO keeps its padded pairs)
+        self._pack = lc.pack_sequences and cfg.algo.objective != "dpo"
 
     # ------------------------------------------------------------------ helpers
 
@@ -126,6 +128,9 @@ class Trainer:
                 mb.mask_BT.shape[1],
                 self.temperature,
                 entropy,
+                mb.position_ids_BL,
+                mb.row_B,
+                mb.offset_B,
             )
 
     def _micro_batches(self, rows: Rows, parts: list[list[np.ndarray]], unit: int = 1):
@@ -133,8 +138,9 @@ class Trainer:
         ones (``unit`` rows each) to the global maximum count, so every rank runs as many."""
         out = []
         for idx_list in parts:
+            pack = self._pack and unit == 1
             mbs = [
-                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter, self.device)
+                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter, self.device, pack)
                 for idx in idx_list
             ]
             for _ in range(self.par.max_int(len(mbs)) - len(mbs)):
@@ -146,10 +152,8 @@ class Trainer:
     def _split(self, rows: Rows, part: np.ndarray) -> list[np.ndarray]:
         if not len(part):
             return []
-        return [
-            part[i]
-            for i in split_by_tokens(subset(rows, part), self.cfg.learner.micro_batch_tokens)
-        ]
+        budget = self.cfg.learner.micro_batch_tokens
+        return [part[i] for i in split_by_tokens(subset(rows, part), budget, packed=self._pack)]
 
     def _no_grad_passes(self, micro: list[list[MicroBatch]]) -> None:
         """Proximal log-probs (weights at step start) and reference log-probs, in place."""
