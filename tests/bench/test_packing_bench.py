@@ -1,5 +1,4 @@
-"""`dapo-async bench packing` and `bench logprobs` run and print their figures (the figures
-themselves are measurements, not asserted)."""
+"""`dapo-async bench packing` runs and prints its figures (measurements, not asserted)."""
 
 from testutil import last_json, run_cli
 
@@ -17,9 +16,6 @@ def test_bench_packing_prints_both_rates(repo, cli_env):
     assert out.returncode == 0, out.stderr[-2000:]
     res = last_json(out)
     assert res["padded_tokens_per_s"] > 0 and res["packed_tokens_per_s"] > 0
-    assert (
-        res["packing_speedup"] == round(res["packed_tokens_per_s"] / res["padded_tokens_per_s"], 3)
-        or abs(res["packing_speedup"] - res["packed_tokens_per_s"] / res["padded_tokens_per_s"])
-        < 0.01
-    )
+    ratio = res["packed_tokens_per_s"] / res["padded_tokens_per_s"]
+    assert abs(res["packing_speedup"] - ratio) < 0.01
     assert "[bench packing]" in out.stderr
