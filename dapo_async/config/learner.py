@@ -66,6 +66,14 @@ class LearnerConfig:
         "Response positions per chunk when computing log-probs and entropy from hidden states "
         "(full-vocabulary logits exist for one chunk at a time); 0 = all at once.",
     )
+    lora_rank: int = F(
+        0, "LoRA rank (peft): train low-rank adapters only; generators get merged weights. 0 = off."
+    )
+    lora_alpha: float = F(16.0, "LoRA alpha (the adapters' scale is alpha / rank).")
+    lora_target_modules: list = F(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Module names that get LoRA adapters.",
+    )
     fsdp: bool = F(
         False, "Shard parameters, gradients and optimizer state with FSDP2 instead of DDP."
     )
@@ -94,4 +102,15 @@ class LearnerConfig:
         _need(self.collective_timeout_s > 0, f"{p}.collective_timeout_s", "must be > 0")
         _choice(self.param_dtype, ("float32", "bfloat16"), f"{p}.param_dtype")
         _choice(self.compute_dtype, ("auto", "float32", "bfloat16"), f"{p}.compute_dtype")
+        _need(self.lora_rank >= 0, f"{p}.lora_rank", "must be >= 0 (0 = off)")
+        _need(
+            not (self.lora_rank and self.fsdp),
+            f"{p}.lora_rank",
+            "LoRA with learner.fsdp is not supported yet (use DDP: learner.fsdp=false)",
+        )
+        _need(
+            not self.lora_rank or bool(self.lora_target_modules),
+            f"{p}.lora_target_modules",
+            "must name at least one module",
+        )
         _need(self.logprob_chunk_tokens >= 0, f"{p}.logprob_chunk_tokens", "must be >= 0")

@@ -62,9 +62,11 @@ def save(
     keep: int = 2,
     extra: dict | None = None,
     state_dict: dict | None = None,
+    tensors: dict[str, dict] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically; ``state_dict`` overrides the model's own weights
-    (the gathered full weights of an FSDP2-sharded model)."""
+    (the gathered full weights of an FSDP2-sharded model, LoRA-merged weights); ``tensors``:
+    more files of tensors (name → dict), loadable with ``weights_only=True``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
@@ -76,6 +78,8 @@ def save(
         if src.is_file():
             shutil.copy2(src, tmp / name)
     torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+    for name, content in (tensors or {}).items():
+        torch.save(content, tmp / name)
     meta = {
         "step": step,
         "version": trainer_state["version"],

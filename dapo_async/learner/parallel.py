@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from dapo_async.learner.logprobs import ResponseLogProbs
+from dapo_async.learner.lora import is_lora, merged_state_dict
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -133,7 +134,13 @@ class Parallel:
 
     def full_shapes(self) -> list[tuple[str, torch.Size, torch.dtype]]:
         """Names, full shapes and dtypes of the weights (no communication)."""
-        return [(k, t.shape, t.dtype) for k, t in self.model.state_dict().items()]
+        return [(k, t.shape, t.dtype) for k, t in self._state().items()]
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The weights as the HF model names them (LoRA adapters merged in)."""
+        if is_lora(self.model):
+            return merged_state_dict(self.model)
+        return self.model.state_dict()
 
     def iter_full_state(self):
         """Yield (name, full tensor) one tensor at a time; collective under FSDP2, so every rank
@@ -171,7 +178,7 @@ class Parallel:
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """Full (unsharded) weights on rank 0, None elsewhere. Collective under FSDP2."""
         if not self.fsdp:
-            return self.model.state_dict() if self.rank == 0 else None
+            return self._state() if self.rank == 0 else None
         if self.rank == 0:
             return {name: full.detach().cpu() for name, full in self.iter_full_state()}
         for _ in self.iter_full_state():  # the other ranks take part in each gather

@@ -36,6 +36,13 @@ from dapo_async.evaluation import evaluate_records
 from dapo_async.keys import run_keys_dir
 from dapo_async.learner import checkpoint
 from dapo_async.learner.fetch import fetch_batch
+from dapo_async.learner.lora import (
+    ADAPTER_FILE,
+    adapter_state,
+    apply_lora,
+    is_lora,
+    load_adapter_state,
+)
 from dapo_async.learner.parallel import Parallel
 from dapo_async.learner.trainer import Trainer, needs_reference
 from dapo_async.roles import read_endpoint
@@ -115,8 +122,14 @@ class Learner:
         # master weights in learner.param_dtype; the frozen reference only computes
         dtype = resolve_dtype(cfg.learner.param_dtype, device)
         ref_dtype = resolve_dtype(cfg.learner.compute_dtype, device)
-        load_dir = str(self.resume_from) if self.resume_from else src_dir
+        lora = cfg.learner.lora_rank > 0  # then the base weights always come from model.path
+        load_dir = str(self.resume_from) if self.resume_from and not lora else src_dir
         model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype).to(device)
+        if lora:
+            model = apply_lora(model, cfg.learner)
+            if self.resume_from is not None:
+                state = torch.load(self.resume_from / ADAPTER_FILE, weights_only=True)
+                load_adapter_state(model, state)
         tokenizer = AutoTokenizer.from_pretrained(src_dir)
         ref_model = None
         if needs_reference(cfg):
@@ -255,14 +268,16 @@ class Learner:
         tstate = self.trainer.state_dict()
         path = None
         if self.rank == 0:
+            lora = is_lora(self.model)  # the merged HF model, plus the adapters to resume
             path = checkpoint.save(
                 self.ckpt_root,
                 step + 1,
-                self.model,
+                self.model.get_base_model() if lora else self.model,
                 self.cfg.model.source_dir,
                 tstate,
                 self.cfg.learner.keep_checkpoints,
                 state_dict=self.full,
+                tensors={ADAPTER_FILE: adapter_state(self.model)} if lora else None,
             )
         self.par.barrier()
         if self.rank == 0:

@@ -97,7 +97,7 @@ class Trainer:
         self.loss_cfg = loss_config(cfg)
         # AdamW over the master weights (learner.param_dtype); fused kernels on GPUs
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
             lr=lc.lr,
             betas=tuple(lc.betas),
             weight_decay=lc.weight_decay,

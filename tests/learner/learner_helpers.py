@@ -76,6 +76,10 @@ def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float3
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    if cfg.learner.lora_rank:
+        from dapo_async.learner.lora import apply_lora
+
+        model = apply_lora(model, cfg.learner)
     ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype) if ref else None
     par = Parallel(
         model,
