@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from testutil import TRAIN_FAST, last_json, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -13,7 +14,10 @@ sys.path.insert(0, str(REPO / "tests" / "reward"))
 from test_custom_forms import write_user_jsonl  # noqa: E402
 
 
-def test_main_job_trains_and_evaluates_with_a_four_argument_reward(tiny_model, tmp_path, cli_env):
+@pytest.mark.parametrize("form", ["two_float", "two_dict", "four_float", "four_dict"])
+def test_main_job_trains_and_evaluates_with_each_custom_reward_form(
+    form, tiny_model, tmp_path, cli_env
+):
     data = tmp_path / "user.jsonl"
     write_user_jsonl(data, 64)
     env = dict(cli_env, PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'reward'}")
@@ -21,19 +25,24 @@ def test_main_job_trains_and_evaluates_with_a_four_argument_reward(tiny_model, t
     out = run_cli(
         REPO, env, "train", "configs/tiny_cpu.yaml", f"model.path={tiny_model}",
         f"run_dir={run}", "learner.num_steps=3", *TRAIN_FAST, f"data.source={data}",
-        f"data.eval_source={data}", "reward.fn=custom_rewards:four_dict", "--json",
+        f"data.eval_source={data}", f"reward.fn=custom_rewards:{form}", "--json",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     summary = last_json(out)
     assert summary["steps"] == 3
     before = json.loads((run / "eval_before.json").read_text())
     assert before["eval/num_prompts"] == 64 and before["eval/accuracy"] > 0
-    # the generators' rewards came through the same function: some +1, some -1
-    rewards = [
-        json.loads(line).get("rollout/reward_mean")
+    # the generators scored through the same function: the two-argument forms see the ground
+    # truth they check (right every time), the four-argument ones vary with length
+    acc = [
+        json.loads(line).get("rollout/trained_accuracy")
         for line in (run / "metrics" / "learner.jsonl").read_text().splitlines()
     ]
-    assert any(r is not None and -1 < r < 1 for r in rewards)
+    acc = [a for a in acc if a is not None]
+    if form.startswith("two"):
+        assert acc and all(a == 1.0 for a in acc)
+    else:
+        assert any(0 < a < 1 for a in acc)
 
 
 def test_main_job_on_a_weighted_mixture_of_a_file_and_a_built_in_task(
