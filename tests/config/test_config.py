@@ -213,3 +213,15 @@ def test_overlong_max_len_is_derived_from_max_tokens(repo):
 def test_every_shipped_config_loads(repo):
     for path in sorted((repo / "configs").glob("*.yaml")):
         C.load_config(path, [])
+
+
+def test_config_show_accepts_the_real_model_example(repo, cli_env):
+    out = subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", "config", "show",
+         "configs/qwen2.5_math_7b_dapo.yaml"],
+        capture_output=True, text=True, cwd=repo, env=cli_env, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["generator"]["max_tokens"] == 20480 and cfg["reward"]["overlong_max_len"] == 20480
+    assert cfg["algo"]["clip_high"] == 0.28 and cfg["learner"]["compute_dtype"] == "bfloat16"
