@@ -81,3 +81,19 @@ def test_two_rank_dpo_equals_one_rank(tiny_model, tmp_path):
     one = run_world(tiny_model, tmp_path / "one.pt", 1, "algo.objective=dpo")
     two = run_world(tiny_model, tmp_path / "two.pt", 2, "algo.objective=dpo")
     assert max_rel_err(two, one) <= REL_TOL
+
+
+def test_fsdp_mixed_precision_keeps_master_weights_and_follows_full_precision(tiny_model, tmp_path):
+    """FSDP2 with learner.compute_dtype=bfloat16 (a MixedPrecisionPolicy: bf16 compute, fp32
+    gradient reduction) over float64 master weights: the parameters stay float64 and land within
+    a tenth of the update's size of the full-precision result."""
+    from transformers import AutoModelForCausalLM
+
+    full = run_world(tiny_model, tmp_path / "fp.pt", 2, "learner.fsdp=true")
+    mixed = run_world(
+        tiny_model, tmp_path / "bf.pt", 2, "learner.fsdp=true", "learner.compute_dtype=bfloat16"
+    )
+    start = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float64).state_dict()
+    assert all(t.dtype == torch.float64 for t in mixed.values())
+    assert max_rel_err(mixed, full) < 0.1 * max_rel_err(full, start)
+    assert max_rel_err(mixed, full) > 0  # bf16 did compute (else the two would be equal)
