@@ -72,7 +72,10 @@ def save(
     final = root / f"step-{step:08d}"
     tmp = root / f"step-{step:08d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+    # a copy: save_pretrained deletes tied names (the LM head) from the dict it is given, and
+    # the caller's dict is also what it publishes and evaluates
+    own = dict(state_dict) if state_dict is not None else None
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=own)
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.is_file():

@@ -51,3 +51,27 @@ def test_main_job_with_lora_syncs_and_checkpoints_merged_weights(
     assert loaded.keys() == base.keys()
     assert any(not torch.equal(loaded[k], base[k]) for k in base)  # the adapters, merged
     assert json.loads((ckpt / "meta.json").read_text())["version"] == 3
+
+
+def test_a_resumed_learner_rebuilds_the_base_and_loads_the_adapters(tiny_model, tmp_path):
+    import logging
+
+    from dapo_async.learner import checkpoint
+    from dapo_async.learner.role import Learner
+
+    overrides = ("learner.lora_rank=4", "learner.lr=1e-2", f"model.path={tiny_model}")
+    cfg = make_config(*overrides, f"run_dir={tmp_path / 'run'}")
+    trainer = build_trainer(tiny_model, cfg)
+    trainer.step(synthetic_groups(0, 4))
+    merged = trainer.par.full_state()
+    checkpoint.save(
+        tmp_path / "run" / "checkpoints", 1, trainer.model.get_base_model(), tiny_model,
+        trainer.state_dict(), state_dict=merged,
+        tensors={ADAPTER_FILE: adapter_state(trainer.model)},
+    )  # fmt: skip
+    learner = Learner(cfg, 0, 1, True, logging.getLogger("test"), stop=False)
+    learner.device = torch.device("cpu")
+    model, _, _ = learner._load_models()
+    resumed = merged_state_dict(model)
+    assert resumed.keys() == merged.keys()
+    assert all(torch.equal(resumed[k], merged[k]) for k in merged)
