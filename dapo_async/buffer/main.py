@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import zmq
 
@@ -90,14 +89,14 @@ def main(args: argparse.Namespace) -> int:
         insecure_allow_public_bind=cfg.launch.insecure_allow_public_bind,
     )
     tracker = Tracker.for_role(cfg, "buffer")
-    t0 = time.monotonic()
     svc = BufferService(
         cfg,
         prompts,
         tokens,
         server,
         wal_path=(run_dir / WAL_NAME) if cfg.buffer.wal else None,
-        on_stats=lambda s: tracker.track(s, int(time.monotonic() - t0)),
+        # step = the learner version the buffer has seen (wall time is each record's "time")
+        on_stats=lambda s: tracker.track(s, svc.state.version),
         mixture=mixture,
     )
     write_endpoint(run_dir, "buffer", server.endpoint)
@@ -106,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
         while not stop:
             svc.run_once()
     finally:
-        tracker.track(svc.stats(), int(time.monotonic() - t0))
+        tracker.track(svc.stats(), svc.state.version)
         _write_final(run_dir, svc)
         svc.close()
         server.close()

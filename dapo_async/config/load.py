@@ -121,11 +121,13 @@ def from_dict(data: dict) -> RunConfig:
 
 
 def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
-    """Write the resolved config into ``run_dir`` atomically; returns its path."""
+    """Write the resolved config into ``run_dir`` atomically; returns its path. Without its
+    ``run_dir``: the folder the file sits in is the run, and rerunning the file starts a new
+    run instead of writing into this one (the launcher passes ``run_dir=`` to its roles)."""
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     out = d / RESOLVED_CONFIG_NAME
-    return atomic_write_text(out, to_yaml(cfg))
+    return atomic_write_text(out, to_yaml(dataclasses.replace(cfg, run_dir="")))
 
 
 def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:

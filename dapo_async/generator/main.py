@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import uuid
 
 import zmq
@@ -55,12 +54,12 @@ def main(args: argparse.Namespace) -> int:
         ctx, zmq.DEALER, endpoint, keys_dir=run_keys_dir(cfg.launch, run_dir), role="generator"
     )
     tracker = Tracker.for_role(cfg, gen_id)
-    t0 = time.monotonic()
     g = cfg.generator
     args = (gen_id, engine, score, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,
-        on_metrics=lambda m: tracker.track(m, int((time.monotonic() - t0) * 10)),
+        # step = the weights version the engine holds (wall time is each record's "time")
+        on_metrics=lambda m: tracker.track(m, engine.version),
         engine_name=g.engine,
     )
     if g.mode == "stream":

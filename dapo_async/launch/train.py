@@ -99,7 +99,7 @@ def device_plan(cfg) -> DevicePlan:
 
 def learner_command(cfg, cfg_path: Path, resume: bool) -> list[str]:
     """The learner (under torchrun with learner.num_ranks > 1, on a fresh port each time)."""
-    cmd = _cli("learner", str(cfg_path))
+    cmd = _cli("learner", str(cfg_path), f"run_dir={cfg.run_dir}")
     if cfg.learner.num_ranks > 1:
         cmd = [
             sys.executable,
@@ -134,7 +134,7 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
 
     buffer = Role(
         "buffer",
-        _cli("buffer", str(cfg_path)),
+        _cli("buffer", str(cfg_path), f"run_dir={run_dir}"),
         logs / "buffer.log",
         env,
         restartable=lc.restart_roles and cfg.buffer.wal,
@@ -150,7 +150,7 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
     gens = [
         Role(
             f"gen{i}",
-            _cli("generator", str(cfg_path), "--id", f"gen{i}"),
+            _cli("generator", str(cfg_path), f"run_dir={run_dir}", "--id", f"gen{i}"),
             logs / f"gen{i}.log",
             role_env(env, plan.generators[i]),
             restartable=lc.allow_generator_restarts,
@@ -190,7 +190,7 @@ def evaluator_roles(cfg, cfg_path: Path, run_dir: Path, env: dict) -> list[Role]
     lc = cfg.learner
     if not (lc.eval_every and lc.eval_process):
         return []
-    cmd = _cli("evaluator", str(cfg_path))
+    cmd = _cli("evaluator", str(cfg_path), f"run_dir={run_dir}")
     return [Role("evaluator", cmd, run_dir / "logs" / "evaluator.log", env, restartable=True)]
 
 

@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 import torch
+import yaml
 from testutil import TRAIN_FAST, last_json, max_generator_version, run_cli
 
 FAST = ["learner.num_steps=4", *TRAIN_FAST]
@@ -126,6 +127,8 @@ def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
         and summary["heldout_accuracy_after"] is not None
     )
     assert (run / "config.yaml").exists()
+    # the resolved config does not point back at this run: rerunning it starts a new one
+    assert yaml.safe_load((run / "config.yaml").read_text())["run_dir"] == ""
     ckpts = sorted((run / "checkpoints").glob("step-*"))
     assert ckpts and ckpts[-1].name == "step-00000004"
 
@@ -532,3 +535,15 @@ def test_stream_mode_trains_with_weights_taken_mid_response(tiny_model, tmp_path
     assert 0 < gen["engine_occupancy"] <= 1 and gen["update_pause_s"] >= 0
     rows = [json.loads(x) for x in (run / "metrics").glob("gen*.jsonl").__next__().open()]
     assert any("generator/inflight" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_every_role_counts_step_in_policy_versions(finished_run):
+    """One meaning of step: a policy version in every role's metrics (wall time apart)."""
+    run, summary = finished_run
+    final = summary["steps"]
+    for path in (run / "metrics").glob("*.jsonl"):
+        steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+        times = [json.loads(line)["time"] for line in path.read_text().splitlines()]
+        assert steps and all(0 <= s <= final for s in steps), path.name
+        assert steps == sorted(steps) and times == sorted(times), path.name
