@@ -1,7 +1,11 @@
 """Metrics of one role process: an Aim run (optional) plus a JSONL file in the run directory.
 
-Every role opens one ``Tracker``; all runs of a training job share the experiment name and the
-``run_id`` param, with the role (and rank) as context, so the Aim UI groups them. The JSONL file
+Every role opens one ``Tracker``. By default all runs of a project share one Aim repo, beside the
+run directories (``<runs root>/aim``: ``runs/aim`` for ``runs/<name>-<time>``), so runs and tune
+points can be compared in one UI. Each role is an Aim run named ``<run dir name>/<role>``, in the
+experiment ``tracking.experiment`` (default: the config's name), with the resolved config as
+``hparams``, ``run_id`` = the run directory's name, the role in the context, and
+``tracking.tags`` (tune points tag their grid values). The JSONL file
 (``<run_dir>/metrics/<role>.jsonl``) is always written: `dapo-async report`, the launcher's
 status line and tests read it without Aim.
 """
@@ -27,6 +31,7 @@ class Tracker:
         aim_repo: str = "",
         use_aim: bool = True,
         params: dict | None = None,
+        tags: list | tuple = (),
     ):
         self.role = role
         d = Path(run_dir) / "metrics"
@@ -37,14 +42,16 @@ class Tracker:
             try:
                 from aim import Run
 
-                repo = aim_repo or str(Path(run_dir) / "aim")
+                repo = aim_repo or default_repo(run_dir)
                 Path(repo).mkdir(parents=True, exist_ok=True) if "://" not in repo else None
                 self._aim = Run(repo=repo, experiment=experiment, system_tracking_interval=30)
+                self._aim.name = f"{run_id}/{role}"
                 self._aim["run_id"] = run_id
                 self._aim["role"] = role
                 if params:
                     self._aim["hparams"] = params
-                self._aim.add_tag(run_id)
+                for tag in (run_id, *tags):
+                    self._aim.add_tag(str(tag))
             except Exception as e:  # metrics must never stop training
                 log.warning("Aim tracking disabled for %s: %s", role, e)
                 self._aim = None
@@ -52,9 +59,19 @@ class Tracker:
     @classmethod
     def for_role(cls, cfg, role: str) -> Tracker:
         """The tracker of one role of the run described by ``cfg`` (a RunConfig)."""
+        from dapo_async.config import to_dict
+
         t = cfg.tracking
+        run_dir = cfg.resolved_run_dir
         return cls(
-            cfg.resolved_run_dir, role, t.experiment or cfg.name, cfg.name, t.aim_repo, t.aim
+            run_dir,
+            role,
+            t.experiment or cfg.name,
+            Path(run_dir).resolve().name,
+            t.aim_repo,
+            t.aim,
+            params=to_dict(cfg),
+            tags=t.tags,
         )
 
     def track(self, values: dict[str, float], step: int) -> None:
@@ -81,6 +98,11 @@ class Tracker:
             except Exception as e:
                 log.warning("Aim close failed: %s", e)
             self._aim = None
+
+
+def default_repo(run_dir: str | Path) -> str:
+    """The project's Aim repo: ``aim`` beside the run directories."""
+    return str(Path(run_dir).resolve().parent / "aim")
 
 
 def read_metrics(run_dir: str | Path, role: str) -> list[dict]:

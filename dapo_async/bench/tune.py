@@ -13,7 +13,7 @@ import argparse
 import itertools
 import json
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 from dapo_async.bench.async_bench import run_job
@@ -39,11 +39,15 @@ def main(args: argparse.Namespace) -> int:
     points = [
         dict(zip([k for k, _ in grid], combo)) for combo in itertools.product(*[v for _, v in grid])
     ]
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-tune-"))
-    base = [f"learner.num_steps={args.steps}", "tracking.aim=false", *args.overrides]
+    root = Path(args.out) if args.out else Path("runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}"
+    # every point in the project's Aim repo (beside the sweep's folder), named
+    # <sweep>-NNN/<role> and tagged with its grid values
+    aim_repo = root.resolve().parent / "aim"
+    base = [f"learner.num_steps={args.steps}", f"tracking.aim_repo={aim_repo}", *args.overrides]
     results = []
     for i, point in enumerate(points):
-        overrides = [*base, *(f"{k}={v}" for k, v in point.items())]
+        tags = ",".join(f"{k}={v}" for k, v in point.items())
+        overrides = [*base, *(f"{k}={v}" for k, v in point.items()), f"tracking.tags=[{tags}]"]
         try:
             cfg = load_config(args.config, overrides)  # fail fast on a bad key or value
         except ConfigError as e:
@@ -52,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         skip = 1 + cfg.buffer.max_staleness
         print(f"[tune] {i + 1}/{len(points)} {point}", file=sys.stderr, flush=True)
         try:
-            res = run_job(args.config, overrides, root / f"point-{i:03d}", skip)
+            res = run_job(args.config, overrides, root / f"{root.name}-{i:03d}", skip)
             results.append({"point": point, **res})
         except Exception as e:  # one bad point does not end the sweep
             results.append({"point": point, "error": str(e).splitlines()[0][:300]})

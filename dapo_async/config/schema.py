@@ -236,7 +236,12 @@ class WeightSyncConfig:
 @dataclass
 class TrackingConfig:
     aim: bool = F(True, "Write metrics to an Aim repo.")
-    aim_repo: str = F("", "Aim repo path or aim://host:port; empty = <run_dir>/aim.")
+    aim_repo: str = F(
+        "",
+        "Aim repo path or aim://host:port; empty = `aim` beside the run directories (runs/aim "
+        "for runs/<name>-<time>): one repo for the project, where runs can be compared.",
+    )
+    tags: list = F([], "Aim tags of every role's run (tune tags its points with KEY=VALUE).")
     experiment: str = F("", "Aim experiment name; empty = the run name.")
     log_every: int = F(1, "Print a status line every N learner steps.")
 

@@ -295,5 +295,6 @@ def format_summary(s: dict) -> str:
         f"last step: accuracy of all sampled responses {f(s['sampled_accuracy_last'])}, "
         f"of the trained groups (after dynamic sampling) {f(s['trained_accuracy_last'])}\n"
         f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}\n"
-        f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/, aim/)"
+        f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/); Aim: "
+        f"{Path(s['run_dir']).resolve().parent / 'aim'}"
     )

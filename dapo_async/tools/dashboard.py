@@ -52,8 +52,16 @@ def stop_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     proc.wait()
 
 
+def _repo_of(run_dir: Path) -> Path:
+    """The project's Aim repo beside the run directory (older runs kept theirs inside)."""
+    from dapo_async.tracking import default_repo
+
+    own = run_dir / "aim"
+    return own if (own / ".aim").is_dir() else Path(default_repo(run_dir))
+
+
 def main(args: argparse.Namespace) -> int:
-    repo = Path(args.repo) if args.repo else Path(args.run_dir) / "aim"
+    repo = Path(args.repo) if args.repo else _repo_of(Path(args.run_dir))
     if not (repo / ".aim").is_dir():
         print(
             f"dapo-async dashboard: error: {repo} is not an Aim repo (no .aim folder); "

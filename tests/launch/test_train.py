@@ -132,7 +132,7 @@ def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
     ckpts = sorted((run / "checkpoints").glob("step-*"))
     assert ckpts and ckpts[-1].name == "step-00000004"
 
-    runs = read_aim_runs(run / "aim")
+    runs = read_aim_runs(run.parent / "aim")  # the project's repo, beside the run
     assert {"buffer", "learner"} <= set(runs)
     assert any(role.startswith("gen0-") for role in runs)  # generator ids: <name>-<uuid8>
     learner = runs["learner"]
