@@ -547,3 +547,32 @@ def test_every_role_counts_step_in_policy_versions(finished_run):
         times = [json.loads(line)["time"] for line in path.read_text().splitlines()]
         assert steps and all(0 <= s <= final for s in steps), path.name
         assert steps == sorted(steps) and times == sorted(times), path.name
+
+
+def documented_metric_patterns(doc: str) -> list:
+    """The metric names docs/metrics.md lists: `prefix/a|b|c` (wrapped lines joined) and
+    `<placeholder>` parts, as regular expressions."""
+    import re
+
+    patterns = []
+    for tok in re.findall(r"`([^`]+)`", doc.replace("\n  ", "")):
+        head, sep, tail = tok.strip().partition("/")
+        if not sep or not re.fullmatch(r"[a-z_]+", head):
+            continue
+        for alt in tail.split("|"):
+            p = re.escape(f"{head}/{alt.strip()}").replace("\\<", "<").replace("\\>", ">")
+            patterns.append(re.compile("^" + re.sub(r"<[^>]+>", ".+", p) + "$"))
+    return patterns
+
+
+@pytest.mark.slow
+def test_every_emitted_metric_is_documented(finished_run, repo):
+    run, _ = finished_run
+    keys = set()
+    for path in (run / "metrics").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            keys |= set(json.loads(line)) - {"step", "time"}
+    patterns = documented_metric_patterns((repo / "docs" / "metrics.md").read_text())
+    assert len(keys) > 40
+    missing = sorted(k for k in keys if not any(p.match(k) for p in patterns))
+    assert not missing, f"emitted but not in docs/metrics.md: {missing}"
