@@ -305,9 +305,9 @@ def _add_tools(sub) -> None:
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.set_defaults(func=_lazy("dapo_async.bench.tune", "main"))
 
-    p = sub.add_parser("report", help="write PNG plots of a run (reward, length, staleness, …)")
-    p.add_argument("run_dir", help="the run directory (holds metrics/*.jsonl)")
-    p.add_argument("--out", default="", help="output folder; default RUN_DIR/report")
+    p = sub.add_parser("report", help="write PNG plots of runs (summary, dynamics, …; overlays)")
+    p.add_argument("run_dir", nargs="+", help="run directories (hold metrics/*.jsonl)")
+    p.add_argument("--out", default="", help="output folder; default RUN_DIR/report (one run only)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.set_defaults(func=_lazy("dapo_async.tools.report", "main"))
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -362,15 +363,29 @@ def test_report_writes_pngs(finished_run, tmp_path, repo, cli_env):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     names = {os.path.basename(f) for f in result["files"]}
     assert names == {
+        "summary.png",
         "reward_accuracy.png",
         "response_length.png",
         "staleness.png",
+        "training.png",
         "throughput.png",
         "idle.png",
     }
     for name in names:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # two runs overlaid (here the same run under two names), into --out
+    other = tmp_path / "copy" / run.name
+    shutil.copytree(run / "metrics", other / "metrics")
+    (other.parent / "renamed").mkdir()
+    shutil.copytree(run / "metrics", other.parent / "renamed" / "metrics")
+    both = subprocess.run(
+        [sys.executable, "-m", "dapo_async.cli", "report", str(run), str(other.parent / "renamed"),
+         "--out", str(tmp_path / "overlay"), "--json"],
+        capture_output=True, text=True, cwd=repo, env=cli_env, timeout=120,
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr[-3000:]
+    assert (tmp_path / "overlay" / "summary.png").stat().st_size > 5000
 
 
 def test_report_of_a_non_run_fails_clearly(tmp_path, repo, cli_env):
