@@ -69,6 +69,39 @@ def main(args: argparse.Namespace) -> int:
     for r in results:
         if "error" in r:
             print(f"  failed: {r['point']}: {r['error']}", file=sys.stderr)
+    plot = plot_grid(results, root / "tune.png") if ok else None
+    if plot is not None:
+        print(f"[tune] wrote {plot}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"best": ok[0] if ok else None, "results": results}))
+        out = {"best": ok[0] if ok else None, "results": results, "plot": str(plot or "")}
+        print(json.dumps(out))
     return 0 if ok else 1
+
+
+def plot_grid(results: list[dict], path: Path) -> Path | None:
+    """Samples/s and learner idle ratio of every measured point, side by side (one bar each,
+    labelled with its grid values); failed points are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return None
+    labels = ["\n".join(f"{k}={v}" for k, v in r["point"].items()) for r in ok]
+    fig, (ax_rate, ax_idle) = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(ok)), 4.5))
+    ax_rate.bar(range(len(ok)), [r["samples_per_s"] for r in ok])
+    ax_rate.set_ylabel("learner samples/s (steady state)")
+    ax_idle.bar(range(len(ok)), [r["learner_idle"] for r in ok], color="tab:orange")
+    ax_idle.set_ylabel("learner idle ratio")
+    ax_idle.set_ylim(0, 1)
+    for ax in (ax_rate, ax_idle):
+        ax.set_xticks(range(len(ok)), labels, fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("tune: one short run per grid point")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

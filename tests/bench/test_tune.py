@@ -42,3 +42,17 @@ def test_tune_sweeps_a_grid(tiny_model, tmp_path, repo, cli_env):
     assert sorted(r["point"]["buffer.max_staleness"] for r in res["results"]) == ["0", "1"]
     rates = [r["samples_per_s"] for r in res["results"]]
     assert res["best"]["samples_per_s"] == max(rates) > 0
+    assert res["plot"].endswith("tune.png") and (tmp_path / "b" / "tune.png").is_file()
+
+
+def test_tune_plots_the_grid_it_measured(tmp_path):
+    from dapo_async.bench.tune import plot_grid
+
+    results = [
+        {"point": {"a": "1", "b": "x"}, "samples_per_s": 50.0, "learner_idle": 0.4},
+        {"point": {"a": "2", "b": "x"}, "samples_per_s": 80.0, "learner_idle": 0.2},
+        {"point": {"a": "3", "b": "x"}, "error": "failed"},
+    ]
+    path = plot_grid(results, tmp_path / "tune.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    assert plot_grid(results[2:], tmp_path / "none.png") is None  # nothing measured
