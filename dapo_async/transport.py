@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,13 +232,26 @@ def recv_routed_user(
         return identity, user, e
 
 
+# How long ``request`` waits for room before trying a non-blocking send again.
+SEND_RETRY_S = 0.05
+
+
 def request(
     sock: zmq.Socket, msg: protocol.Message, timeout_s: float = DEFAULT_RECV_TIMEOUT_S
 ) -> protocol.Message:
     """Send on a DEALER and wait for one reply, ``timeout_s`` for each. A DEALER with no peer
     connection blocks on send — e.g. after a CurveZMQ handshake the server refused (wrong keys),
     until a reconnect that may never succeed — so the send waits for room within the timeout."""
-    if not sock.poll(int(timeout_s * 1000), zmq.POLLOUT):
-        raise RecvTimeout(f"could not send within {timeout_s:.1f} s (no connection to the peer)")
-    send(sock, msg)
+    deadline = time.monotonic() + timeout_s
+    while True:  # a connection can vanish between a poll and the send: never block in send
+        try:
+            send(sock, msg, flags=zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RecvTimeout(
+                    f"could not send within {timeout_s:.1f} s (no connection to the peer)"
+                ) from None
+            sock.poll(int(min(left, SEND_RETRY_S) * 1000), zmq.POLLOUT)
     return recv(sock, timeout_s)

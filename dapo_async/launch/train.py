@@ -250,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"\n[train] error: {e}", file=sys.stderr)
         rc = 1
     finally:
-        stop_all([buffer, learner, *gens], cfg.launch.shutdown_timeout_s)
+        stop_all(sup.roles, cfg.launch.shutdown_timeout_s)  # services and extras too
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if rc == 0:

@@ -5,6 +5,7 @@ parts (verifier, overlong, model) are reported separately."""
 import json
 from pathlib import Path
 
+import psutil
 from testutil import TRAIN_FAST, last_json, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,3 +36,10 @@ def test_main_job_scores_with_a_reward_model_the_launcher_serves(
     assert all("generator/reward_correct_mean" in r for r in rows if "generator/reward_mean" in r)
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["component_names"] == ["correct", "overlong", "model"]
+    # the launcher stopped every role it started, the reward server included
+    left = [
+        p.info["cmdline"]
+        for p in psutil.process_iter(["cmdline"])
+        if any(str(run) in part for part in (p.info["cmdline"] or []))
+    ]
+    assert not left, left
