@@ -59,7 +59,7 @@ def evaluate_engine(
     for start in range(0, len(records), EVAL_BATCH):
         chunk = records[start : start + EVAL_BATCH]
         texts = [renderer.render(r.messages) for r in chunk]
-        ids = [renderer.encode(r.messages) for r in chunk]
+        ids = [renderer.tokenize(t) for t in texts]  # rendered once, above
         for i, (r, comps) in enumerate(zip(chunk, engine.generate(ids, params))):
             for j, c in enumerate(comps):
                 # any documented form: a bare float, a dict; two or four arguments

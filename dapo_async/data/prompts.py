@@ -61,7 +61,11 @@ class PromptRenderer:
         )
 
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self.render(messages)
+        return self.tokenize(self.render(messages))
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of a prompt ``render`` made (special tokens added only for raw prompts:
+        a chat template places its own)."""
         return self.tokenizer(text, add_special_tokens=self.fmt == "raw").input_ids
 
 
