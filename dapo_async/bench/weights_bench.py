@@ -65,9 +65,7 @@ def _receiver(endpoint: str, num_bytes: int, rounds: int, backend: str, q) -> No
         if r.poll() is not None:
             q.put(("bucketed", time.time()))
             seen += 1
-    host, port = endpoint.rsplit(":", 1)
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    pg = _ceiling_group(store, 1, backend)
+    pg = _ceiling_group(r.store, 1, backend)
     device = "cuda" if backend == "nccl" else "cpu"
     flat = torch.empty(num_bytes // 4, dtype=torch.float32, device=device)
     for _ in range(rounds):

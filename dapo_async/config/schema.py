@@ -203,7 +203,9 @@ class WeightSyncConfig:
     mode: str = F("dist", "Transport: dist (torch.distributed group) | disk (safetensors files).")
     bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.")
     timeout_s: float = F(60.0, "Timeout of every weight-sync collective.")
-    port: int = F(0, "TCPStore port hosted by learner rank 0; 0 = pick a free port.")
+    port: int = F(
+        0, "Port of the weight-sync store learner rank 0 hosts on launch.host; 0 = a free port."
+    )
     backend: str = F(
         "auto", "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo)."
     )
@@ -220,8 +222,9 @@ class WeightSyncConfig:
     )
     allow_unauthenticated_network: bool = F(
         False,
-        "dist mode binds launch.host beyond loopback only with this set: the torch.distributed "
-        "store and group have no authentication (use a private network, or mode=disk).",
+        "Without CurveZMQ keys (launch.auth=false and no launch.curve_keys_dir), dist mode "
+        "binds the weight-sync store beyond loopback only with this set (use a private "
+        "network, or mode=disk). With keys the store is authenticated and needs no opt-in.",
     )
 
     def check(self, p: str) -> None:

@@ -187,12 +187,19 @@ class VLLMEngine:
     # ---------------------------------------------------------------- weight sync in the worker
 
     def connect_weight_sync(
-        self, endpoint: str, receiver_id: str, timeout_s: float, backend: str, digests=False
+        self,
+        endpoint: str,
+        receiver_id: str,
+        timeout_s: float,
+        backend: str,
+        digests=False,
+        keys_dir=None,
     ) -> list[str]:
         """Make every vLLM worker a member of the weight-sync group (receives straight into the
-        engine's process); returns the receiver ids."""
+        engine's process, authenticated with ``keys_dir``); returns the receiver ids."""
+        keys = str(keys_dir) if keys_dir else ""
         return self.llm.collective_rpc(
-            "dapo_wsync_connect", args=(endpoint, receiver_id, timeout_s, backend, digests)
+            "dapo_wsync_connect", args=(endpoint, receiver_id, timeout_s, backend, digests, keys)
         )
 
     def poll_weight_sync(self) -> dict | None:

@@ -41,15 +41,24 @@ class WorkerExtension:
         return self._dapo_reload(tensors)
 
     def dapo_wsync_connect(
-        self, endpoint: str, receiver_id: str, timeout_s: float, backend: str, digests: bool
+        self,
+        endpoint: str,
+        receiver_id: str,
+        timeout_s: float,
+        backend: str,
+        digests: bool,
+        keys_dir: str = "",
     ) -> str:
-        """Join the weight-sync group as ``receiver_id`` (one receiver per worker)."""
+        """Join the weight-sync group as ``receiver_id`` (one receiver per worker), with the
+        run's keys in ``keys_dir`` ("" for none)."""
         from dapo_async.config import WeightSyncConfig
         from dapo_async.weight_sync.dist import DistWeightReceiver
 
         rid = f"{receiver_id}-w{getattr(self, 'rank', 0)}"
         ws = WeightSyncConfig(timeout_s=timeout_s)
-        self._dapo_receiver = DistWeightReceiver(ws, None, rid, endpoint=endpoint, backend=backend)
+        self._dapo_receiver = DistWeightReceiver(
+            ws, None, rid, endpoint=endpoint, backend=backend, keys_dir=keys_dir or None
+        )
         self._dapo_digests = digests
         return rid
 

@@ -96,8 +96,9 @@ def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceive
     run_dir = cfg.resolved_run_dir
     if cfg.generator.engine == "vllm" and cfg.weight_sync.mode == "dist":
         endpoint = cfg.weight_sync.endpoint or read_endpoint(run_dir, "wsync", timeout_s=timeout_s)
+        keys = run_keys_dir(cfg.launch, run_dir)
         return EngineWeightReceiver(
-            engine, endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg)
+            engine, endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg), keys
         )
     return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
 

@@ -32,9 +32,11 @@ class EngineWeightReceiver(WeightReceiver):
     """A vLLM engine whose workers are the weight-sync members: ``poll`` lets them take part in
     an open round and returns None (the engine already runs the new version)."""
 
-    def __init__(self, engine, endpoint: str, gen_id: str, timeout_s: float, backend: str):
+    def __init__(
+        self, engine, endpoint: str, gen_id: str, timeout_s: float, backend: str, keys_dir=None
+    ):
         self.engine = engine
-        engine.connect_weight_sync(endpoint, gen_id, timeout_s, backend)
+        engine.connect_weight_sync(endpoint, gen_id, timeout_s, backend, keys_dir=keys_dir)
 
     def poll(self):
         self.engine.poll_weight_sync()

@@ -46,6 +46,8 @@ from dapo_async.protocol.messages import (
     RewardReply,
     RewardRequest,
     ScoredGroups,
+    StoreReply,
+    StoreRequest,
 )
 from dapo_async.protocol.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -83,6 +85,8 @@ __all__ = [
     "RewardReply",
     "RewardRequest",
     "ScoredGroups",
+    "StoreReply",
+    "StoreRequest",
     "decode",
     "encode",
 ]

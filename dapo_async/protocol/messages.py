@@ -190,6 +190,49 @@ class RewardReply(Message):
     error: str = ""
 
 
+# Operations of the weight-sync store (``weight_sync/store.py``).
+STORE_OPS = ("set", "get", "add", "check", "delete")
+# A store key names a rendezvous entry (``wsync/3/0``, ``round/2/17``): short.
+MAX_STORE_KEY_CHARS = 512
+# Keys one ``check`` may name (a group's ranks; a few thousand at most).
+MAX_STORE_KEYS = 4096
+
+
+@dataclass
+class StoreRequest(Message):
+    """Weight-sync member → the learner's weight-sync store (the key-value rendezvous of the
+    weight-sync group): one operation. ``value``: base64 of the bytes to ``set``, the decimal
+    increment of ``add``."""
+
+    KIND: ClassVar[str] = "store_request"
+    request_id: int
+    op: str
+    keys: list[str]
+    value: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.op not in STORE_OPS:
+            raise ProtocolError("bad_value", f"store_request.op must be one of {STORE_OPS}")
+        if not 1 <= len(self.keys) <= (MAX_STORE_KEYS if self.op == "check" else 1):
+            raise ProtocolError("bad_value", f"store_request.keys: wrong count for {self.op}")
+        if any(len(k) > MAX_STORE_KEY_CHARS for k in self.keys):
+            raise ProtocolError("too_large", f"store_request key over {MAX_STORE_KEY_CHARS} chars")
+
+
+@dataclass
+class StoreReply(Message):
+    """Weight-sync store → member: ``found`` (get: the key exists; check: all keys exist;
+    delete: a key was removed), ``value`` (get: base64 of the bytes; add: the new counter), or
+    ``error`` (the request was refused, e.g. a value over the store's size limit)."""
+
+    KIND: ClassVar[str] = "store_reply"
+    request_id: int
+    found: bool
+    value: str = ""
+    error: str = ""
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
@@ -204,6 +247,8 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         CheckpointNotice,
         RewardRequest,
         RewardReply,
+        StoreRequest,
+        StoreReply,
     )
 }
 

@@ -1,8 +1,9 @@
 """Weight sync over a torch.distributed group separate from the training world.
 
-Learner rank 0 hosts a TCPStore; generators connect to it (no ``init_process_group``) and all
-members build ``ProcessGroupGloo`` (NCCL on GPUs) from ``PrefixStore("wsync/<epoch>", store)``.
-Other learner ranks never touch it. Store keys (control plane):
+Learner rank 0 hosts the store (``store.StoreServer``: authenticated with the run's CurveZMQ
+keys); generators connect to it (no ``init_process_group``) and all members build
+``ProcessGroupGloo`` (NCCL on GPUs) from ``PrefixStore("wsync/<epoch>", store)``. Other learner
+ranks never touch it. Store keys (control plane):
 
     join/<n> = receiver id          (a receiver registers; n from the atomic counter "joins")
     alive/<id> = unix time          (refreshed every second by each receiver's heartbeat thread)
@@ -30,14 +31,11 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from dapo_async.config import WeightSyncConfig
 from dapo_async.devices import record_event, side_stream, use_stream, wait_event
@@ -45,6 +43,7 @@ from dapo_async.utils import is_loopback
 from dapo_async.weight_sync.base import WeightPublisher, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
 from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
+from dapo_async.weight_sync.store import StoreServer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +55,8 @@ STORE_TIMEOUT_S = 30.0
 # After a failed round (a receiver died mid-round), wait this long and re-form with the
 # receivers whose heartbeat came after the failure: two beats (liveness.HEARTBEAT_S).
 REFORM_AFTER_FAILURE_S = 2.5
+# Rounds whose manifest and digests stay in the store (a member is at most one round behind).
+KEEP_ROUNDS = 2
 # Idle sender thread wakes up this often to look for new members.
 SENDER_POLL_S = 0.2
 
@@ -66,27 +67,14 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-# Pending connections the store's listening socket queues (generators join in bursts).
-LISTEN_BACKLOG = 128
-
-
-def listen_socket(host: str, port: int = 0) -> socket.socket:
-    """A TCP socket listening on ``host`` only (port 0: a free one), for the TCPStore."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(LISTEN_BACKLOG)
-    return sock
-
-
-def _check_bind(host: str, ws: WeightSyncConfig) -> None:
-    if not is_loopback(host) and not ws.allow_unauthenticated_network:
+def _check_bind(host: str, ws: WeightSyncConfig, keys_dir) -> None:
+    if not keys_dir and not is_loopback(host) and not ws.allow_unauthenticated_network:
         raise WeightSyncError(
             f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
-            f"{host!r}, and torch.distributed has no authentication. Keep it on a private "
-            "network and set weight_sync.allow_unauthenticated_network=true, or use "
-            "weight_sync.mode=disk on a shared filesystem."
+            f"{host!r} without CurveZMQ keys. Give the run keys (launch.auth, or "
+            "launch.curve_keys_dir), or on a private network set "
+            "weight_sync.allow_unauthenticated_network=true, or use weight_sync.mode=disk on a "
+            "shared filesystem."
         )
 
 
@@ -101,15 +89,20 @@ class DistWeightPublisher(WeightPublisher):
         port: int | None = None,
         backend: str = "gloo",
         wire_dtype: torch.dtype | None = None,
+        keys_dir: Path | None = None,
     ):
         from dapo_async.roles import write_endpoint
 
         self.host = host
-        _check_bind(host, ws)
-        # torch's TCPStore binds every interface whatever host it is given: listen ourselves,
-        # on the configured host only, and hand the socket to the store
-        self._listener = listen_socket(self.host, port if port is not None else ws.port)
-        self.port = self._listener.getsockname()[1]
+        _check_bind(host, ws, keys_dir)
+        # the rendezvous: our own store (authenticated with the run's keys), on host only
+        self.server = StoreServer(
+            host,
+            port if port is not None else ws.port,
+            keys_dir=keys_dir,
+            allow_unauthenticated_network=ws.allow_unauthenticated_network,
+        )
+        self.port = self.server.port
         self.timeout_s = ws.timeout_s
         self.bucket_bytes = ws.bucket_mb << 20
         self.backend = backend
@@ -119,14 +112,7 @@ class DistWeightPublisher(WeightPublisher):
         # learner's compute stream (None on CPU)
         self.stream = side_stream(self.device)
         self.staged_event = self.bucket_event = None  # CUDA: the staging copy is done
-        self.store = dist.TCPStore(
-            self.host,
-            self.port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=STORE_TIMEOUT_S),
-            master_listen_fd=self._listener.fileno(),
-        )
+        self.store = self.server.local(STORE_TIMEOUT_S)
         self.store.set("joins", "0")
         self.endpoint = f"{self.host}:{self.port}"
         if run_dir is not None:
@@ -191,7 +177,7 @@ class DistWeightPublisher(WeightPublisher):
             self._cv.notify()
         self._thread.join(timeout=self.timeout_s + 5)
         close_group(self.pg, self.backend)
-        self._listener.close()
+        self.server.close()
 
     # ------------------------------------------------------------------ sender thread
 
@@ -279,6 +265,10 @@ class DistWeightPublisher(WeightPublisher):
         self.round_started_at = time.time()  # wall clock, for benchmarks across processes
         manifest = self.buckets.manifest(version)
         self.store.set(f"round/{self.epoch}/{self.round}", json.dumps(manifest))
+        # every member takes part in every round of its epoch, so none still reads the keys
+        # of two rounds back: drop them (the store would otherwise grow by a manifest a round)
+        self.store.delete_key(f"round/{self.epoch}/{self.round - KEEP_ROUNDS}")
+        self.store.delete_key(f"digests/{self.epoch}/{self.round - KEEP_ROUNDS}")
         self.store.set("latest", json.dumps([self.epoch, self.round]))
         if self.pg is None:
             self.pg, _ = make_group(

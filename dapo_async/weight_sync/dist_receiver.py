@@ -18,7 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from dapo_async.config import WeightSyncConfig
 from dapo_async.weight_sync.base import WeightReceiver, WeightSyncError
@@ -26,6 +25,7 @@ from dapo_async.weight_sync.buckets import FlatBuckets, digest
 from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
 from dapo_async.weight_sync.dist import STORE_TIMEOUT_S
 from dapo_async.weight_sync.liveness import Heartbeat
+from dapo_async.weight_sync.store import RemoteStore
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +41,22 @@ class DistWeightReceiver(WeightReceiver):
         endpoint: str | None = None,
         backend: str = "gloo",
         connect_timeout_s: float = STORE_TIMEOUT_S,
+        keys_dir: Path | None = None,
     ):
         from dapo_async.roles import read_endpoint
 
         ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
-        host, port = ep.rsplit(":", 1)
         self.id = receiver_id
         self.timeout_s = ws.timeout_s
         self.backend = backend
         self.device = group_device(backend)
-        self.store = dist.TCPStore(
-            host, int(port), is_master=False, timeout=timedelta(seconds=connect_timeout_s)
-        )
-        self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
+        # the first request waits for the learner (it may still be starting)
+        self.store = RemoteStore(ep, keys_dir, timeout_s=connect_timeout_s)
         self.store.set(f"alive/{self.id}", str(time.time()))
+        self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         n = self.store.add("joins", 1)
         self.store.set(f"join/{n}", self.id)
-        self.heartbeat = Heartbeat(host, int(port), self.id, connect_timeout_s)
+        self.heartbeat = Heartbeat(ep, keys_dir, self.id, STORE_TIMEOUT_S)
         self.epoch = -1
         self.rank = -1
         self.pg = None
@@ -143,3 +142,4 @@ class DistWeightReceiver(WeightReceiver):
     def close(self) -> None:
         self.heartbeat.close()
         close_group(self.pg, self.backend)
+        self.store.close()

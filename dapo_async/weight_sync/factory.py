@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dapo_async.keys import run_keys_dir
 from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver
 
 
@@ -25,6 +26,7 @@ def make_publisher(cfg, run_dir: Path, device="cpu") -> WeightPublisher:
         cfg.launch.host,
         backend=backend(cfg),
         wire_dtype=wire_dtype(cfg, device),
+        keys_dir=run_keys_dir(cfg.launch, run_dir),
     )
 
 
@@ -52,6 +54,7 @@ def make_receiver(
         receiver_id,
         backend=backend(cfg),
         connect_timeout_s=connect_timeout_s,
+        keys_dir=run_keys_dir(cfg.launch, run_dir),
     )
 
 

@@ -62,6 +62,8 @@ EXAMPLES = [
     P.CheckpointNotice(12, "ckpt-000012"),
     P.RewardRequest(7, ["prompt one response", "prompt two response"]),
     P.RewardReply(7, [0.25, -1.5]),
+    P.StoreRequest(3, "set", ["wsync/0/1"], "AAEC"),
+    P.StoreReply(3, True, "AAEC"),
 ]
 
 
@@ -318,3 +320,16 @@ def test_oversized_names_are_refused():
     with pytest.raises(P.ProtocolError, match="too_large"):
         P.decode(big)
     assert P.decode(P.encode(P.Hello("g" * 256, 1, "hf"))).generator_id == "g" * 256
+
+
+def test_store_requests_are_bounded():
+    P.StoreRequest(1, "check", [f"k{i}" for i in range(100)]).validate()
+    bad = [
+        P.StoreRequest(1, "drop_all", ["k"]),  # unknown op
+        P.StoreRequest(1, "get", ["a", "b"]),  # one key per get
+        P.StoreRequest(1, "set", []),
+        P.StoreRequest(1, "get", ["k" * 600]),
+    ]
+    for msg in bad:
+        with pytest.raises(P.ProtocolError):
+            P.decode(wire(msg))

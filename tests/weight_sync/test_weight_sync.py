@@ -207,8 +207,9 @@ def test_streamed_packing_equals_dict_packing_and_checks_completeness():
 
 
 def test_weight_sync_store_listens_on_loopback_only():
-    """torch's TCPStore binds every interface whatever host it is given; the publisher listens
-    itself, on the configured host only (a listener audit of this process)."""
+    """The publisher's store listens on the configured host only (torch's TCPStore, which it
+    replaced, bound every interface whatever host it was given): a listener audit of this
+    process."""
     import psutil
 
     from dapo_async.utils import is_loopback

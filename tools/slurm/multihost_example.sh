@@ -12,7 +12,7 @@ case "${1:?usage: multihost_example.sh buffer|learner|generator}" in
   learner)    # on 10.0.0.5 (several learner hosts: --nnodes=N --node_rank=I --master_addr=10.0.0.5,
               # node_rank 0 here, so rank 0 hosts the store weight_sync.endpoint names)
     torchrun --nproc_per_node=1 -m dapo_async.cli learner $CFG "${COMMON[@]}" \
-      launch.host=10.0.0.5 weight_sync.port=29600 weight_sync.allow_unauthenticated_network=true ;;
+      launch.host=10.0.0.5 weight_sync.port=29600 ;;
   generator)  # on any number of hosts, at any time
     dapo-async generator $CFG "${COMMON[@]}" --id "gen-$(hostname)" ;;
 esac

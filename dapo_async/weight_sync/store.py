@@ -1,0 +1,263 @@
+"""The weight-sync store: the key-value rendezvous of the weight-sync group, served by learner
+rank 0 over an authenticated ZeroMQ socket.
+
+torch's ``TCPStore`` has no authentication (and binds every interface whatever host it is
+given): whoever reaches its port can read the rendezvous, join the group and be sent the
+weights, or wedge it. This store speaks ``protocol.StoreRequest``/``StoreReply`` through
+``transport`` with the run's CurveZMQ keys, so only holders of one of the run's client keys get
+an answer; torch.distributed builds its groups on it as on any ``Store`` (a Python subclass)::
+
+    learner rank 0                                      generator (each vLLM worker too)
+    StoreServer: thread ─ ROUTER (CurveZMQ) ◄────────── RemoteStore (DEALER): receiver, heartbeat
+       └─ KeyValues ◄─ LocalStore (the publisher's own operations, no socket)
+
+The weights themselves travel on the group's own connections (gloo TCP pairs, NCCL), whose
+addresses are exchanged through this store; every bucket's digest is posted here too, so a
+receiver rejects any bucket that did not come from the publisher (``dist_receiver``).
+Values travel base64-encoded in the msgpack header; sizes are bounded (``MAX_VALUE_BYTES``,
+``MAX_KEYS``). ``get`` and ``wait`` poll until the key exists or the store's timeout passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+import zmq
+
+from dapo_async import protocol, transport
+
+log = logging.getLogger(__name__)
+
+# Largest value one key may hold: a round's manifest lists every tensor (about 80 bytes each;
+# a 70B model's is under 100 KB), far below this.
+MAX_VALUE_BYTES = 16 << 20
+# Request size limit at the socket: a value, base64-encoded (4/3), plus the header.
+MAX_REQUEST_BYTES = MAX_VALUE_BYTES * 4 // 3 + (64 << 10)
+# Keys the store holds at most (rendezvous entries, heartbeats, the last rounds' manifests).
+MAX_KEYS = 100_000
+# A waiting get polls at first every POLL_MIN_S, backing off to POLL_MAX_S (rendezvous keys
+# appear within milliseconds; digests within a bucket transfer).
+POLL_MIN_S = 0.001
+POLL_MAX_S = 0.02
+# The server thread checks its stop flag this often.
+SERVER_POLL_MS = 100
+# Timeout of store operations unless the caller sets another (local-network round trips).
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class StoreError(RuntimeError):
+    """A store operation failed: no answer within the timeout, or the store refused it."""
+
+
+class KeyValues:
+    """The store's data, shared by the server thread and the learner's own operations."""
+
+    def __init__(self, max_keys: int = MAX_KEYS, max_value_bytes: int = MAX_VALUE_BYTES):
+        self.max_keys = max_keys
+        self.max_value_bytes = max_value_bytes
+        self._data: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, op: str, keys: list[str], value: bytes) -> tuple[bool, bytes]:
+        """One operation (``protocol.STORE_OPS``) → (found, value); StoreError if refused."""
+        with self._lock:
+            if op == "get":
+                got = self._data.get(keys[0])
+                return got is not None, got or b""
+            if op == "check":
+                return all(k in self._data for k in keys), b""
+            if op == "delete":
+                return self._data.pop(keys[0], None) is not None, b""
+            if op == "add":
+                new = int(self._data.get(keys[0], b"0")) + int(value)
+                value = str(new).encode()
+            if len(value) > self.max_value_bytes:
+                raise StoreError(f"value of {keys[0]!r} over {self.max_value_bytes} bytes")
+            if keys[0] not in self._data and len(self._data) >= self.max_keys:
+                raise StoreError(f"store full ({self.max_keys} keys)")
+            self._data[keys[0]] = value
+            return True, value if op == "add" else b""
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _as_bytes(value) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class _KVStore(dist.Store):
+    """A ``torch.distributed.Store`` over ``_apply``; waits poll (see the module doc)."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    def _apply(self, op: str, keys: list[str], value: bytes = b"") -> tuple[bool, bytes]:
+        raise NotImplementedError
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.timeout_s = timeout.total_seconds()
+
+    def set(self, key: str, value) -> None:
+        self._apply("set", [key], _as_bytes(value))
+
+    def get(self, key: str) -> bytes:
+        self._wait_for([key], self.timeout_s)
+        found, value = self._apply("get", [key])
+        if not found:  # deleted between the wait and the read
+            raise StoreError(f"weight-sync store: key {key!r} vanished")
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._apply("add", [key], str(int(amount)).encode())[1])
+
+    def check(self, keys: list[str]) -> bool:
+        return self._apply("check", list(keys))[0]
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._wait_for(list(keys), self.timeout_s if timeout is None else timeout.total_seconds())
+
+    def delete_key(self, key: str) -> bool:
+        return self._apply("delete", [key])[0]
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        raise StoreError("the weight-sync store has no compare_set (nothing here needs it)")
+
+    def _wait_for(self, keys: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pause = POLL_MIN_S
+        while not self._apply("check", keys)[0]:
+            if time.monotonic() > deadline:
+                raise StoreError(f"weight-sync store: {keys} not set within {timeout_s:g}s")
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_S)
+
+
+class LocalStore(_KVStore):
+    """The server process's own view of its ``KeyValues`` (no socket)."""
+
+    def __init__(self, kv: KeyValues, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(timeout_s)
+        self.kv = kv
+
+    def _apply(self, op, keys, value=b""):
+        return self.kv.apply(op, keys, value)
+
+
+class RemoteStore(_KVStore):
+    """A member's connection to the store at ``host:port``, authenticated with the key pair of
+    ``role`` in ``keys_dir`` (plain ZeroMQ without keys: loopback or a trusted network)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        keys_dir=None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        role: str = "generator",
+    ):
+        super().__init__(timeout_s)
+        host, port = endpoint.rsplit(":", 1)
+        addr = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        self.endpoint = f"tcp://{addr}:{port}"
+        self._ctx = zmq.Context.instance()
+        self._sock = transport.connect_client(
+            self._ctx, zmq.DEALER, self.endpoint, keys_dir=keys_dir, role=role
+        )
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    def _apply(self, op, keys, value=b""):
+        with self._lock:
+            self._next_id += 1
+            req = protocol.StoreRequest(self._next_id, op, keys, base64.b64encode(value).decode())
+            try:
+                reply = transport.request(self._sock, req, timeout_s=self.timeout_s)
+                # a reply to an earlier request that timed out may still be queued: skip it
+                while not (
+                    isinstance(reply, protocol.StoreReply) and reply.request_id == req.request_id
+                ):
+                    reply = transport.recv(self._sock, timeout_s=self.timeout_s)
+            except transport.RecvTimeout:
+                raise StoreError(
+                    f"no answer from the weight-sync store at {self.endpoint} within "
+                    f"{self.timeout_s:g}s (is learner rank 0 up, and are this host's keys the "
+                    "run's?)"
+                ) from None
+        if reply.error:
+            raise StoreError(f"weight-sync store refused {op} {keys[0]!r}: {reply.error}")
+        return reply.found, base64.b64decode(reply.value)
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close(linger=0)
+
+
+class StoreServer:
+    """Serves a ``KeyValues`` on ``host:port`` (port 0: a free one) from a thread of its own.
+    With ``keys_dir`` only the run's client keys are answered (CurveZMQ); without, a
+    non-loopback ``host`` needs ``allow_unauthenticated_network``."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        keys_dir=None,
+        allow_unauthenticated_network: bool = False,
+    ):
+        self.kv = KeyValues()
+        self.keys_dir = keys_dir
+        self.refused = 0  # requests from keys that are no client role of the run
+        self.malformed = 0
+        self._ctx = zmq.Context()
+        self.server = transport.bind_server(
+            self._ctx,
+            zmq.ROUTER,
+            host,
+            port,
+            keys_dir=keys_dir,
+            insecure_allow_public_bind=allow_unauthenticated_network,
+            max_message_bytes=MAX_REQUEST_BYTES,
+        )
+        self.port = int(self.server.endpoint.rsplit(":", 1)[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wsync-store", daemon=True)
+        self._thread.start()
+
+    def local(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> LocalStore:
+        return LocalStore(self.kv, timeout_s)
+
+    def _run(self) -> None:
+        sock = self.server.socket
+        while not self._stop.is_set():
+            if not sock.poll(SERVER_POLL_MS, zmq.POLLIN):
+                continue
+            identity, user, msg = transport.recv_routed_user(sock, timeout_s=None)
+            if self.keys_dir and self.server.role_of(user) is None:
+                self.refused += 1
+                continue
+            if not isinstance(msg, protocol.StoreRequest):
+                self.malformed += 1
+                continue
+            transport.send_routed(sock, identity, self._reply(msg))
+
+    def _reply(self, msg: protocol.StoreRequest) -> protocol.StoreReply:
+        try:
+            value = base64.b64decode(msg.value, validate=True)
+            found, out = self.kv.apply(msg.op, msg.keys, value)
+        except (StoreError, ValueError) as e:  # too large, store full, bad base64 or number
+            return protocol.StoreReply(msg.request_id, False, error=str(e)[:200])
+        return protocol.StoreReply(msg.request_id, found, base64.b64encode(out).decode())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+        self._ctx.term()
