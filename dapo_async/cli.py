@@ -303,6 +303,20 @@ def _add_tools(sub) -> None:
     p.add_argument("--steps", type=int, default=8, help="learner steps per point")
     p.add_argument("--out", default="", help="folder for the runs (default: a temp folder)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument(
+        "--recommend",
+        action="store_true",
+        help="predict the best learner/generator split from the best point and verify it",
+    )
+    p.add_argument(
+        "--budget", type=int, default=0, help="--recommend: processes to split (default: cores)"
+    )
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=0,
+        help="--recommend: cores they share (default: this machine's)",
+    )
     p.set_defaults(func=_lazy("dapo_async.bench.tune", "main"))
 
     p = sub.add_parser("report", help="write PNG plots of runs (summary, dynamics, …; overlays)")

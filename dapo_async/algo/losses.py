@@ -166,9 +166,25 @@ def policy_loss(
             "is_weight_max": (w_raw_BT * mask_BT).max().item() if mask_BT.any() else 0.0,
             "is_masked_frac": 1.0 - (keep_BT.sum() / mask_BT.sum().clamp(min=1)).item(),
         }
+        metrics |= weight_quantiles(w_raw_BT, mask_BT)
         if kl_BT is not None:
             metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask_BT).item()
     return loss, metrics
+
+
+# Quantiles of the raw importance weights reported per step (train/is_weight_p<q>): the body
+# and both tails of the distribution the report plots over time.
+WEIGHT_QUANTILES = (0.05, 0.5, 0.95)
+
+
+def weight_quantiles(w_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
+    """``is_weight_p05|p50|p95``: quantiles of the importance weights over the unmasked tokens
+    (1.0 each when there are none)."""
+    w_N = w_BT[mask_BT > 0].float()
+    if w_N.numel() == 0:
+        return {f"is_weight_p{round(q * 100):02d}": 1.0 for q in WEIGHT_QUANTILES}
+    qs_Q = torch.quantile(w_N, torch.tensor(WEIGHT_QUANTILES, device=w_N.device))
+    return {f"is_weight_p{round(q * 100):02d}": v.item() for q, v in zip(WEIGHT_QUANTILES, qs_Q)}
 
 
 def _metrics(logp_BT, prox_BT, r_BT, adv_BT, mask_BT, cfg: PolicyLossConfig) -> dict[str, float]:

@@ -5,6 +5,11 @@ Runs one short training job (`dapo-async train`) per point of the grid (the prod
 and idle ratio after the first ``1 + max_staleness`` steps), prints a table sorted by samples/s and,
 with ``--json``, one JSON line ``{"best": {...}, "results": [...]}``. Points that fail are listed
 with their error and do not stop the sweep.
+
+``--recommend [--budget N]``: from the best point's per-role rates, the learner/generator split
+for N processes (default: the machine's cores), verified by one run there
+(``recommend.py``; the JSON adds ``recommend``, ``predicted_samples_per_s`` and
+``measured_samples_per_s``). Without ``--grid`` the config as given is the only point.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async.config import ConfigError, load_config
 
     grid = parse_grid(args.grid)
-    if not grid:
-        raise SystemExit("tune: give at least one --grid KEY=V1,V2")
+    if not grid and not args.recommend:
+        raise SystemExit("tune: give at least one --grid KEY=V1,V2 (or --recommend)")
     points = [
         dict(zip([k for k, _ in grid], combo)) for combo in itertools.product(*[v for _, v in grid])
     ]
@@ -55,9 +60,10 @@ def main(args: argparse.Namespace) -> int:
             continue
         skip = 1 + cfg.buffer.max_staleness
         print(f"[tune] {i + 1}/{len(points)} {point}", file=sys.stderr, flush=True)
+        run_dir = root / f"{root.name}-{i:03d}"
         try:
-            res = run_job(args.config, overrides, root / f"{root.name}-{i:03d}", skip)
-            results.append({"point": point, **res})
+            res = run_job(args.config, overrides, run_dir, skip)
+            results.append({"point": point, "run_dir": str(run_dir), **res})
         except Exception as e:  # one bad point does not end the sweep
             results.append({"point": point, "error": str(e).splitlines()[0][:300]})
     ok = sorted((r for r in results if "error" not in r), key=lambda r: -r["samples_per_s"])
@@ -72,8 +78,17 @@ def main(args: argparse.Namespace) -> int:
     plot = plot_grid(results, root / "tune.png") if ok else None
     if plot is not None:
         print(f"[tune] wrote {plot}", file=sys.stderr)
+    out = {"best": ok[0] if ok else None, "results": results, "plot": str(plot or "")}
+    if ok and args.recommend:
+        from dapo_async.bench.recommend import describe, recommend
+
+        print("[tune] verifying the recommended split", file=sys.stderr, flush=True)
+        rec = recommend(args, base, ok[0], root, run_job)
+        print(describe(rec), file=sys.stderr)
+        out["recommend"] = rec
+        out["predicted_samples_per_s"] = rec["predicted_samples_per_s"]
+        out["measured_samples_per_s"] = rec["measured_samples_per_s"]
     if args.json:
-        out = {"best": ok[0] if ok else None, "results": results, "plot": str(plot or "")}
         print(json.dumps(out))
     return 0 if ok else 1
 

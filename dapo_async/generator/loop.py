@@ -278,6 +278,7 @@ class GeneratorLoop:
             "generator/tokens_per_s": sum(g.num_tokens for g in groups) / max(t_gen, 1e-9),
             "generator/response_len_mean": float(lens.mean()),
             "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
+            "generator/idle_s": self.time_idle,
             "generator/outbox": float(len(self.outbox)),
             "generator/version": float(self.engine.version),
             "generator/groups_sent": float(self.counters["groups_sent"]),

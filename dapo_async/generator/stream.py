@@ -150,6 +150,7 @@ class StreamLoop(GeneratorLoop):
             "generator/engine_occupancy": self.t_used / max(self.t_slots, 1e-9),
             "generator/update_pause_s": self.update_pause_s,
             "generator/idle_ratio": self.time_idle / max(elapsed, 1e-9),
+            "generator/idle_s": self.time_idle,
             "generator/outbox": float(len(self.outbox)),
             "generator/version": float(self.engine.version),
             "generator/groups_sent": float(self.counters["groups_sent"]),

@@ -45,6 +45,10 @@ from dapo_async.learner.logprobs import ResponseLogProbs
 from dapo_async.learner.parallel import Parallel
 from dapo_async.protocol import Group
 
+# Staleness levels reported per step (staleness/frac_<k>: the share of trained tokens k versions
+# old); the last level also counts anything older (bounds beyond 15 are not a useful setting).
+STALENESS_BINS = 16
+
 
 def loss_config(cfg: RunConfig) -> PolicyLossConfig:
     """The loss settings of ``algo`` (same-named keys), with what the objective implies:
@@ -221,7 +225,11 @@ class Trainer:
             agg["grad_norm"].append((self._optimizer_step(), 1.0))
             t_opt += time.perf_counter() - t2
             t_fb += t2 - t1
-        metrics = {f"train/{key}": _weighted(v) for key, v in agg.items()}
+        # maxima stay maxima; everything else is a token-weighted mean over micro-batches
+        metrics = {
+            f"train/{key}": max(x for x, _ in v) if key.endswith("_max") else _weighted(v)
+            for key, v in agg.items()
+        }
         metrics.update(timings)
         metrics["time/fwd_bwd_s"] = t_fb
         metrics["time/optimizer_s"] = t_opt
@@ -313,7 +321,10 @@ class Trainer:
             if len(rows)
             else np.zeros(1)
         )
+        levels = np.minimum(np.maximum(stale, 0), STALENESS_BINS - 1).astype(np.int64)
+        fractions = np.bincount(levels, minlength=1) / max(len(levels), 1)
         return {
+            **{f"staleness/frac_{k}": float(f) for k, f in enumerate(fractions)},
             "rollout/reward_mean": float(rows.rewards.mean()) if len(rows) else 0.0,
             "rollout/reward_std": float(rows.rewards.std()) if len(rows) else 0.0,
             "rollout/trained_accuracy": float(rows.acc.mean()) if len(rows) else 0.0,

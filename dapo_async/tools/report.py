@@ -12,6 +12,8 @@ into ``<run_dir>/report/`` (one run) or ``--out``:
                           clip fractions | importance weights
     throughput.png        learner samples/s | generator tokens/s (one axis per unit)
     idle.png              idle ratio of every role over time
+    distributions.png     staleness (per step and over the run) and importance-weight
+                          quantiles per step (``report_dists.py``)
 
 Each figure has one panel per unit; x is the policy version (``step``), or seconds since the
 run's first record for the per-role time series (throughput, idle). A figure with no data is
@@ -24,6 +26,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from dapo_async.tools.report_dists import write_distributions
 
 # A line: (role prefix, metric, label); a panel: (y label, [lines]);
 # a figure: file name → (title, [panels], x = "step" | "time").
@@ -219,6 +223,11 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> tuple[list[Path], list[
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
+    dists = write_distributions(plt, runs, out_dir)
+    if dists is None:
+        skipped.append("distributions.png")
+    else:
+        written.append(dists)
     return written, skipped
 
 

@@ -56,3 +56,20 @@ def test_tune_plots_the_grid_it_measured(tmp_path):
     path = plot_grid(results, tmp_path / "tune.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     assert plot_grid(results[2:], tmp_path / "none.png") is None  # nothing measured
+
+
+@pytest.mark.slow
+def test_tune_recommends_a_split_and_verifies_it(tiny_model, tmp_path, repo, cli_env):
+    """No grid: the config as given is the probe; the recommendation for 2 processes on this
+    machine's cores is run once and both figures are reported (their agreement is a figure
+    for docs/results.md, not an assertion: the machine is shared)."""
+    out = tune(repo, cli_env, tiny_model, tmp_path / "r", "--recommend", "--budget", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = last_json(out)
+    rec = res["recommend"]
+    assert rec["split"] == {"learner.num_ranks": 1, "generator.num_generators": 1}
+    assert res["predicted_samples_per_s"] == rec["predicted_samples_per_s"] > 0
+    assert res["measured_samples_per_s"] == rec["measured_samples_per_s"] > 0
+    assert rec["probe"]["learner_per_rank"] > 0 and rec["probe"]["generator_each"] > 0
+    assert (tmp_path / "r" / "r-verify" / "metrics" / "learner.jsonl").is_file()
+    assert "recommended for 2 processes" in out.stderr

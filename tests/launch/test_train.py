@@ -370,6 +370,7 @@ def test_report_writes_pngs(finished_run, tmp_path, repo, cli_env):
         "training.png",
         "throughput.png",
         "idle.png",
+        "distributions.png",
     }
     for name in names:
         data = (tmp_path / name).read_bytes()
