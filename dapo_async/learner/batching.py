@@ -161,16 +161,20 @@ def collate(
 ) -> MicroBatch:
     """One micro-batch of rows ``idx``, filled on the host and moved to ``device`` (the model's:
     every tensor names its device, none relies on the default one); ``pack``: in one row."""
-    mb = _padded(rows, idx, pad_id, overlong_filter)
+    mb = _padded(rows, idx, pad_id, overlong_filter, inputs=not pack)
     if pack:
         _pack(mb, rows, idx, pad_id)
     return mb.to(torch.device(device))
 
 
-def _padded(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool) -> MicroBatch:
+def _padded(
+    rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool, inputs: bool = True
+) -> MicroBatch:
+    """The micro-batch with one row per response; without ``inputs`` the padded input ids and
+    attention mask are left empty (``_pack`` builds packed ones in their place)."""
     b = len(idx)
     lens = [len(rows.prompts[i]) + len(rows.responses[i]) for i in idx]
-    L = max(lens)
+    L = max(lens) if inputs else 0
     T = max(max(len(rows.responses[i]) for i in idx), 1)
     host = torch.device("cpu")
     ids = torch.full((b, L), pad_id, dtype=torch.long, device=host)
@@ -184,9 +188,10 @@ def _padded(rows: Rows, idx: np.ndarray, pad_id: int, overlong_filter: bool) -> 
     for k, i in enumerate(idx.tolist()):
         p, r = rows.prompts[i], rows.responses[i]
         n = len(r)
-        ids[k, : len(p)] = torch.from_numpy(p.astype(np.int64))
-        ids[k, len(p) : len(p) + n] = torch.from_numpy(r.astype(np.int64))
-        attn[k, : len(p) + n] = 1
+        if inputs:
+            ids[k, : len(p)] = torch.from_numpy(p.astype(np.int64))
+            ids[k, len(p) : len(p) + n] = torch.from_numpy(r.astype(np.int64))
+            attn[k, : len(p) + n] = 1
         start[k], rlen[k] = len(p), n
         behav[k, :n] = torch.from_numpy(rows.behav_logprobs[i].astype(np.float32))
         vers[k, :n] = torch.from_numpy(rows.versions[i].astype(np.int64))

@@ -4,9 +4,9 @@ and over the run, importance-weight quantiles; nothing drawn without those recor
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from dapo_async.tools.report_dists import _staleness_panels, write_distributions  # noqa: E402
+from dapo_async.tools.report_dists import _staleness_panels, write_distributions
 
 
 def _records():
