@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from dapo_async import protocol, transport
 
@@ -44,6 +45,10 @@ MAX_KEYS = 100_000
 # appear within milliseconds; digests within a bucket transfer).
 POLL_MIN_S = 0.001
 POLL_MAX_S = 0.02
+# A client waiting for a reply looks at its link this often (a dropped link fails at once).
+LINK_POLL_S = 0.05
+# Monitor events that mean the link is up: connected (plain) or CurveZMQ handshake done.
+LINK_UP = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 # The server thread checks its stop flag this often.
 SERVER_POLL_MS = 100
 # Timeout of store operations unless the caller sets another (local-network round trips).
@@ -154,7 +159,12 @@ class LocalStore(_KVStore):
 
 class RemoteStore(_KVStore):
     """A member's connection to the store at ``host:port``, authenticated with the key pair of
-    ``role`` in ``keys_dir`` (plain ZeroMQ without keys: loopback or a trusted network)."""
+    ``role`` in ``keys_dir`` (plain ZeroMQ without keys: loopback or a trusted network).
+
+    ZeroMQ hides a vanished peer (a DEALER queues and reconnects), so the socket's monitor is
+    watched: once the store has been reached, a disconnect fails the pending and every later
+    operation at once (until a reconnect), as a closed TCP connection would, instead of after
+    the timeout: a generator whose learner stopped must not hang in a heartbeat."""
 
     def __init__(
         self,
@@ -171,32 +181,70 @@ class RemoteStore(_KVStore):
         self._sock = transport.connect_client(
             self._ctx, zmq.DEALER, self.endpoint, keys_dir=keys_dir, role=role
         )
+        self._monitor = self._sock.get_monitor_socket(LINK_UP | zmq.EVENT_DISCONNECTED)
+        self._reached = False  # a reply came: the link (and its keys) worked
+        self._gone = False  # the link's last event was a disconnect
         self._lock = threading.Lock()
         self._next_id = 0
 
+    def _watch_link(self) -> None:
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            self._gone = event == zmq.EVENT_DISCONNECTED
+
+    def _check_link(self, op: str) -> None:
+        self._watch_link()
+        if self._reached and self._gone:
+            raise StoreError(f"the weight-sync store at {self.endpoint} went away ({op})")
+
     def _apply(self, op, keys, value=b""):
         with self._lock:
+            self._check_link(op)
             self._next_id += 1
             req = protocol.StoreRequest(self._next_id, op, keys, base64.b64encode(value).decode())
-            try:
-                reply = transport.request(self._sock, req, timeout_s=self.timeout_s)
-                # a reply to an earlier request that timed out may still be queued: skip it
-                while not (
-                    isinstance(reply, protocol.StoreReply) and reply.request_id == req.request_id
-                ):
-                    reply = transport.recv(self._sock, timeout_s=self.timeout_s)
-            except transport.RecvTimeout:
-                raise StoreError(
-                    f"no answer from the weight-sync store at {self.endpoint} within "
-                    f"{self.timeout_s:g}s (is learner rank 0 up, and are this host's keys the "
-                    "run's?)"
-                ) from None
+            deadline = time.monotonic() + self.timeout_s
+            reply = self._exchange(req, deadline)
         if reply.error:
             raise StoreError(f"weight-sync store refused {op} {keys[0]!r}: {reply.error}")
         return reply.found, base64.b64decode(reply.value)
 
+    def _exchange(self, req: protocol.StoreRequest, deadline: float) -> protocol.StoreReply:
+        """Send ``req`` and wait for its reply (a reply to an earlier request that timed out
+        may still be queued: skipped), watching the link meanwhile."""
+        while True:  # a DEALER without a connected peer refuses a non-blocking send
+            try:
+                transport.send(self._sock, req, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                self._wait_or_fail(req.op, deadline, zmq.POLLOUT)
+        while True:
+            if self._wait_or_fail(req.op, deadline, zmq.POLLIN):
+                reply = transport.recv(self._sock, timeout_s=0)
+                self._reached = True
+                if isinstance(reply, protocol.StoreReply) and reply.request_id == req.request_id:
+                    return reply
+
+    def _wait_or_fail(self, op: str, deadline: float, want: int) -> bool:
+        """Wait up to ``LINK_POLL_S`` for the socket to be ready for ``want``; StoreError when the
+        link drops or the deadline passes."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StoreError(
+                f"no answer from the weight-sync store at {self.endpoint} within "
+                f"{self.timeout_s:g}s (is learner rank 0 up, and are this host's keys the "
+                "run's?)"
+            )
+        poller = zmq.Poller()
+        poller.register(self._sock, want)
+        poller.register(self._monitor, zmq.POLLIN)
+        ready = dict(poller.poll(int(min(left, LINK_POLL_S) * 1000)))
+        self._check_link(op)
+        return bool(ready.get(self._sock, 0) & want)
+
     def close(self) -> None:
         with self._lock:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close(linger=0)
 
 

@@ -126,3 +126,22 @@ def test_weight_sync_round_with_the_runs_keys(tmp_path):
         pub.close()
     assert got["version"] == 3
     assert all(torch.equal(got["state"][k], state[k]) for k in state)
+
+
+def test_a_store_that_goes_away_fails_at_once_not_after_the_timeout(keyed_server):
+    """A generator whose learner stopped must not hang in a heartbeat for the whole timeout."""
+    import time
+
+    server, keys = keyed_server
+    store = RemoteStore(f"127.0.0.1:{server.port}", keys, timeout_s=20.0)
+    try:
+        store.set("alive/g0", "1")
+        server.close()
+        t0 = time.monotonic()
+        with pytest.raises(StoreError, match="went away"):
+            for _ in range(100):  # the disconnect is noticed within a few polls
+                store.set("alive/g0", "2")
+                time.sleep(0.05)
+        assert time.monotonic() - t0 < 10.0
+    finally:
+        store.close()
