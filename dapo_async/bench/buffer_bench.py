@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 
 from dapo_async import protocol
+from dapo_async.buffer.checks import GroupLimits, model_vocab_size
 from dapo_async.buffer.service import BufferService
 from dapo_async.config import RunConfig
 from dapo_async.data.tasks import PromptRecord
@@ -62,7 +63,15 @@ def _service(cfg) -> BufferService:
     records = [
         PromptRecord(i, [{"role": "user", "content": str(i)}], "0", "bench") for i in range(1000)
     ]
-    return BufferService(cfg, records, [[1] * PROMPT_LEN] * len(records), server=None)
+    limits = GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens)
+    return BufferService(
+        cfg.buffer,
+        cfg.data.shuffle_seed,
+        limits,
+        records,
+        [[1] * PROMPT_LEN] * len(records),
+        server=None,
+    )
 
 
 def run(

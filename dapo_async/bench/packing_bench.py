@@ -73,7 +73,15 @@ def _trainer(pack: bool, micro_batch_tokens: int):
         ],
     )
     model = build_model(tiny_config(1, 2, 0), seed=0)
-    return Trainer(Parallel(model), cfg, pad_id=0)
+    g = cfg.generator
+    return Trainer(
+        Parallel(model),
+        cfg.algo,
+        cfg.learner,
+        pad_id=0,
+        temperature=g.temperature,
+        max_tokens=g.max_tokens,
+    )
 
 
 def main(args: argparse.Namespace) -> int:

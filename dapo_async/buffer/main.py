@@ -13,6 +13,7 @@ import sys
 import zmq
 
 from dapo_async import transport
+from dapo_async.buffer.checks import GroupLimits, model_vocab_size
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
 from dapo_async.data.datasets import load_source
@@ -90,7 +91,9 @@ def main(args: argparse.Namespace) -> int:
     )
     tracker = Tracker.for_role(cfg, "buffer")
     svc = BufferService(
-        cfg,
+        cfg.buffer,
+        cfg.data.shuffle_seed,
+        GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens),
         prompts,
         tokens,
         server,

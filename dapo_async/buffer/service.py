@@ -21,9 +21,9 @@ import zmq
 
 from dapo_async import protocol, transport
 from dapo_async.buffer import wal
-from dapo_async.buffer.checks import GroupLimits, forbidden, model_vocab_size, semantic_error
+from dapo_async.buffer.checks import GroupLimits, forbidden, semantic_error
 from dapo_async.buffer.state import BufferState
-from dapo_async.config import RunConfig
+from dapo_async.config import BufferConfig
 from dapo_async.data.tasks import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ WAL_NAME = "buffer.wal"
 class BufferService:
     def __init__(
         self,
-        cfg: RunConfig,
+        buffer_cfg: BufferConfig,
+        shuffle_seed: int,
+        limits: GroupLimits,
         records: list[PromptRecord],
         prompt_tokens: list[list[int]],
         server: transport.Server,
@@ -49,14 +51,13 @@ class BufferService:
         on_stats: Callable[[dict[str, float]], None] | None = None,
         mixture: tuple[list[int], list[float]] | None = None,
     ):
-        self.cfg = cfg
+        """``buffer_cfg``: the ``buffer`` section; ``shuffle_seed``: ``data.shuffle_seed`` (the
+        prompt order); ``limits``: what a group may hold (vocabulary, response length)."""
         self.records = records
         self.prompt_tokens = prompt_tokens
         self.server = server
-        self.state = BufferState(
-            cfg.buffer, len(records), cfg.data.shuffle_seed, [], mixture=mixture
-        )
-        self.limits = GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens)
+        self.state = BufferState(buffer_cfg, len(records), shuffle_seed, [], mixture=mixture)
+        self.limits = limits
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}
         self.wal: wal.WriteAheadLog | None = None

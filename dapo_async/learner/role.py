@@ -132,7 +132,7 @@ class Learner:
                 load_adapter_state(model, state)
         tokenizer = AutoTokenizer.from_pretrained(src_dir)
         ref_model = None
-        if needs_reference(cfg):
+        if needs_reference(cfg.algo):
             ref_dir = cfg.model.reference_path or src_dir
             if not Path(ref_dir).is_dir():
                 raise SystemExit(f"model.reference_path: no such directory: {ref_dir!r}")
@@ -165,7 +165,13 @@ class Learner:
             logprob_chunk_tokens=lc.logprob_chunk_tokens,
         )
         self.trainer = Trainer(
-            self.par, self.cfg, self.tokenizer.pad_token_id, ref_model=self._ref_model
+            self.par,
+            self.cfg.algo,
+            lc,
+            self.tokenizer.pad_token_id,
+            temperature=self.cfg.generator.temperature,
+            max_tokens=self.cfg.generator.max_tokens,
+            ref_model=self._ref_model,
         )
         if self.resume_from is not None:
             state = checkpoint.load_trainer_state(self.resume_from)

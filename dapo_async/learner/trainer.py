@@ -32,7 +32,7 @@ import torch
 from dapo_async.algo.dpo import dpo_loss, dpo_pairs
 from dapo_async.algo.losses import PolicyLossConfig, policy_loss
 from dapo_async.algo.schedules import lr_multiplier
-from dapo_async.config import RunConfig
+from dapo_async.config import AlgoConfig, LearnerConfig
 from dapo_async.learner.batching import (
     MicroBatch,
     Rows,
@@ -50,24 +50,23 @@ from dapo_async.protocol import Group
 STALENESS_BINS = 16
 
 
-def loss_config(cfg: RunConfig) -> PolicyLossConfig:
+def loss_config(a: AlgoConfig, max_tokens: int) -> PolicyLossConfig:
     """The loss settings of ``algo`` (same-named keys), with what the objective implies:
-    symmetric clipping for grpo, the KL penalty for ppo_kl only, norm_len 0 = max_tokens."""
-    a = cfg.algo
+    symmetric clipping for grpo, the KL penalty for ppo_kl only, norm_len 0 = max_tokens (the
+    generation limit, ``generator.max_tokens``)."""
     same = {f.name: getattr(a, f.name) for f in dataclasses.fields(PolicyLossConfig)}
     return PolicyLossConfig(
         **same
         | {
             "clip_high": a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,
-            "norm_len": a.norm_len or cfg.generator.max_tokens,
+            "norm_len": a.norm_len or max_tokens,
             "kl_coef": a.kl_coef if a.objective == "ppo_kl" else 0.0,
         }
     )
 
 
-def needs_reference(cfg: RunConfig) -> bool:
+def needs_reference(a: AlgoConfig) -> bool:
     """Whether the learner must load a frozen reference model (KL penalty or metric, DPO)."""
-    a = cfg.algo
     return (
         (a.objective == "ppo_kl" and a.kl_coef > 0)
         or (a.objective == "dpo" and a.dpo_reference == "model")
@@ -81,24 +80,32 @@ class Trainer:
     def __init__(
         self,
         par: Parallel,
-        cfg: RunConfig,
+        algo: AlgoConfig,
+        learner: LearnerConfig,
         pad_id: int,
+        *,
+        temperature: float,
+        max_tokens: int,
         ref_model: torch.nn.Module | None = None,
     ):
-        self.cfg = cfg
+        """``algo`` and ``learner``: those config sections; ``temperature`` and ``max_tokens``:
+        the generator's sampling temperature (log-probs are computed at it) and generation
+        limit (the default length normaliser)."""
+        self.algo = algo
+        self.learner = learner
         self.par = par
         self.model = par.model
         self.train_model = par.train_model
         self.world_size = par.world_size
         self.pad_id = pad_id
         self.device = par.device
-        lc = cfg.learner
+        lc = learner
         self.ref_model = None
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
             self.ref_model = ResponseLogProbs(ref_model, lc.logprob_chunk_tokens)
-        self.loss_cfg = loss_config(cfg)
+        self.loss_cfg = loss_config(algo, max_tokens)
         # AdamW over the master weights (learner.param_dtype); fused kernels on GPUs
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
@@ -114,9 +121,9 @@ class Trainer:
             ),
         )
         self.version = 0
-        self.temperature = cfg.generator.temperature
+        self.temperature = temperature
         # packed micro-batches for the policy objectives (DPO keeps its padded pairs)
-        self._pack = lc.pack_sequences and cfg.algo.objective != "dpo"
+        self._pack = lc.pack_sequences and algo.objective != "dpo"
 
     # ------------------------------------------------------------------ helpers
 
@@ -144,7 +151,7 @@ class Trainer:
         for idx_list in parts:
             pack = self._pack and unit == 1
             mbs = [
-                collate(rows, idx, self.pad_id, self.cfg.algo.overlong_filter, self.device, pack)
+                collate(rows, idx, self.pad_id, self.algo.overlong_filter, self.device, pack)
                 for idx in idx_list
             ]
             for _ in range(self.par.max_int(len(mbs)) - len(mbs)):
@@ -156,12 +163,12 @@ class Trainer:
     def _split(self, rows: Rows, part: np.ndarray) -> list[np.ndarray]:
         if not len(part):
             return []
-        budget = self.cfg.learner.micro_batch_tokens
+        budget = self.learner.micro_batch_tokens
         return [part[i] for i in split_by_tokens(subset(rows, part), budget, packed=self._pack)]
 
     def _no_grad_passes(self, micro: list[list[MicroBatch]]) -> None:
         """Proximal log-probs (weights at step start) and reference log-probs, in place."""
-        need_prox = not self.loss_cfg.bypass and self.cfg.algo.objective != "dpo"
+        need_prox = not self.loss_cfg.bypass and self.algo.objective != "dpo"
         if not need_prox and self.ref_model is None:
             return
         self.model.eval()
@@ -174,7 +181,7 @@ class Trainer:
                         mb.ref_logp_BT, _ = self._forward_logp(self.ref_model, mb)
 
     def _optimizer_step(self) -> float:
-        lc = self.cfg.learner
+        lc = self.learner
         params = [p for p in self.model.parameters() if p.grad is not None]
         if lc.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, lc.grad_clip)
@@ -191,10 +198,8 @@ class Trainer:
     def step(self, groups: list[Group]) -> dict[str, float]:
         """One learner step on this rank's shard; returns metrics (this rank's view)."""
         t0 = time.perf_counter()
-        rows = groups_to_rows(
-            groups, norm_std=self.cfg.algo.adv_norm_std, eps=self.cfg.algo.adv_eps
-        )
-        if self.cfg.algo.objective == "dpo":
+        rows = groups_to_rows(groups, norm_std=self.algo.adv_norm_std, eps=self.algo.adv_eps)
+        if self.algo.objective == "dpo":
             metrics = self._dpo_updates(rows, t0)
         else:
             metrics = self._policy_updates(rows, t0)
@@ -236,7 +241,7 @@ class Trainer:
         return metrics
 
     def _policy_updates(self, rows: Rows, t0: float) -> dict[str, float]:
-        k = self.cfg.learner.num_minibatches
+        k = self.learner.num_minibatches
         parts = np.array_split(np.arange(len(rows)), k)
         micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
 
@@ -248,7 +253,7 @@ class Trainer:
 
         def micro_loss(mb, g, agg):
             g_tokens, g_seqs = g
-            coef = self.cfg.algo.entropy_coef
+            coef = self.algo.entropy_coef
             logp, ent = self._forward_logp(self.train_model, mb, "grad" if coef else "metric")
             loss, m = policy_loss(
                 logp,
@@ -280,12 +285,12 @@ class Trainer:
             torch.from_numpy(rows.rewards.astype(np.float64)), torch.from_numpy(rows.group)
         )
         pairs = np.stack([chosen_P.numpy(), rejected_P.numpy()], 1).reshape(-1, 2)
-        k = self.cfg.learner.num_minibatches
-        budget = self.cfg.learner.micro_batch_tokens
+        k = self.learner.num_minibatches
+        budget = self.learner.micro_batch_tokens
         # A micro-batch holds whole pairs: [chosen_0, rejected_0, chosen_1, rejected_1, ...].
         parts = [_split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
         micro = self._micro_batches(rows, parts, unit=2)
-        beta = self.cfg.algo.dpo_beta
+        beta = self.algo.dpo_beta
 
         def counts(part):  # pairs of this mini-batch (empty padding micro-batches have none)
             return [float(sum(int((mb.mask_BT.sum(1) > 0).sum()) // 2 for mb in part))]

@@ -90,7 +90,16 @@ def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float3
         compute_dtype=resolve_dtype(cfg.learner.compute_dtype, "cpu"),
         logprob_chunk_tokens=cfg.learner.logprob_chunk_tokens,
     )
-    return Trainer(par, cfg, pad_id=0, ref_model=ref_model)
+    g = cfg.generator
+    return Trainer(
+        par,
+        cfg.algo,
+        cfg.learner,
+        pad_id=0,
+        temperature=g.temperature,
+        max_tokens=g.max_tokens,
+        ref_model=ref_model,
+    )
 
 
 def max_rel_err(a: dict, b: dict) -> float:
