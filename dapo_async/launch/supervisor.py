@@ -27,6 +27,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dapo_async.tracking import read_metrics
@@ -66,29 +67,21 @@ class RestartPolicy:
         return delay
 
 
+@dataclass(eq=False)
 class Role:
     """One supervised process (group). ``restartable``: whether it may come back after dying;
     ``prepare``: called before every restart (may change ``cmd``)."""
 
-    def __init__(
-        self,
-        name: str,
-        cmd: list[str],
-        log_path: Path,
-        env: dict,
-        restartable: bool = False,
-        prepare: Callable[[Role], None] | None = None,
-    ):
-        self.name = name
-        self.cmd = cmd
-        self.log_path = log_path
-        self.env = env
-        self.restartable = restartable
-        self.prepare = prepare
-        self.proc: subprocess.Popen | None = None
-        self.restarts = 0
-        self.started_at = 0.0
-        self.restart_at: float | None = None  # scheduled restart (backoff), if any
+    name: str
+    cmd: list[str]
+    log_path: Path
+    env: dict
+    restartable: bool = False
+    prepare: Callable[[Role], None] | None = None
+    proc: subprocess.Popen | None = field(default=None, init=False)
+    restarts: int = field(default=0, init=False)
+    started_at: float = field(default=0.0, init=False)
+    restart_at: float | None = field(default=None, init=False)  # scheduled restart (backoff)
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
