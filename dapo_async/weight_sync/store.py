@@ -283,18 +283,26 @@ class StoreServer:
         return LocalStore(self.kv, timeout_s)
 
     def _run(self) -> None:
-        sock = self.server.socket
         while not self._stop.is_set():
-            if not sock.poll(SERVER_POLL_MS, zmq.POLLIN):
-                continue
-            identity, user, msg = transport.recv_routed_user(sock, timeout_s=None)
-            if self.keys_dir and self.server.role_of(user) is None:
-                self.refused += 1
-                continue
-            if not isinstance(msg, protocol.StoreRequest):
-                self.malformed += 1
-                continue
-            transport.send_routed(sock, identity, self._reply(msg))
+            try:
+                self._serve_one()
+            except zmq.ZMQError as e:  # a peer's reply could not be queued: serve the others
+                if self._stop.is_set():
+                    return
+                log.warning("weight-sync store: %s", e)
+
+    def _serve_one(self) -> None:
+        sock = self.server.socket
+        if not sock.poll(SERVER_POLL_MS, zmq.POLLIN):
+            return
+        identity, user, msg = transport.recv_routed_user(sock, timeout_s=None)
+        if self.keys_dir and self.server.role_of(user) is None:
+            self.refused += 1
+            return
+        if not isinstance(msg, protocol.StoreRequest):
+            self.malformed += 1
+            return
+        transport.send_routed(sock, identity, self._reply(msg))
 
     def _reply(self, msg: protocol.StoreRequest) -> protocol.StoreReply:
         try:

@@ -145,3 +145,31 @@ def test_a_store_that_goes_away_fails_at_once_not_after_the_timeout(keyed_server
         assert time.monotonic() - t0 < 10.0
     finally:
         store.close()
+
+
+def test_bad_messages_are_counted_and_the_store_keeps_serving(keyed_server):
+    import zmq
+
+    from dapo_async import protocol, transport
+
+    server, keys = keyed_server
+    ctx = zmq.Context()
+    sock = transport.connect_client(
+        ctx, zmq.DEALER, f"tcp://127.0.0.1:{server.port}", keys_dir=keys, role="generator"
+    )
+    try:
+        transport.send(sock, protocol.Hello("g0", 1, "hf"))  # a message kind the store ignores
+        sock.send_multipart([b"\x00garbage"])  # not a protocol message at all
+        # base64 that does not decode: refused with a reason, not a crash
+        reply = transport.request(sock, protocol.StoreRequest(1, "set", ["k"], "@@@"), 5.0)
+        assert isinstance(reply, protocol.StoreReply) and reply.error
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert server.malformed == 2
+    store = RemoteStore(f"127.0.0.1:{server.port}", keys, timeout_s=5.0)
+    try:
+        store.set("k", b"v")
+        assert store.get("k") == b"v"
+    finally:
+        store.close()
