@@ -52,10 +52,14 @@ class DistWeightReceiver(WeightReceiver):
         self.device = group_device(backend)
         # the first request waits for the learner (it may still be starting)
         self.store = RemoteStore(ep, keys_dir, timeout_s=connect_timeout_s)
-        self.store.set(f"alive/{self.id}", str(time.time()))
-        self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
-        n = self.store.add("joins", 1)
-        self.store.set(f"join/{n}", self.id)
+        try:
+            self.store.set(f"alive/{self.id}", str(time.time()))
+            self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
+            n = self.store.add("joins", 1)
+            self.store.set(f"join/{n}", self.id)
+        except Exception:  # not up yet: the caller retries; leave no socket reconnecting
+            self.store.close()
+            raise
         self.heartbeat = Heartbeat(ep, keys_dir, self.id, STORE_TIMEOUT_S)
         self.epoch = -1
         self.rank = -1
