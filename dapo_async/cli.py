@@ -29,10 +29,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     from dapo_async import config
 
     if args.action == "docs":
-        print("| key | default | description |\n| --- | --- | --- |")
-        for key, doc, default in config.field_docs():
+        print("| key | default | accepts | description |\n| --- | --- | --- | --- |")
+        for key, doc, default, accepts in config.field_docs():
             cell = doc.replace("|", "\\|")  # a bare | would split the table's cell
-            print(f"| `{key}` | `{json.dumps(default)}` | {cell} |")
+            print(f"| `{key}` | `{json.dumps(default)}` | {accepts} | {cell} |")
         return 0
     if args.config is None:
         raise CliError("config show needs a config file")

@@ -1,9 +1,12 @@
-"""Building blocks of the config tree: documented fields (``F``, ``S``), the error that names the
-dotted key, and the check helpers each section's ``check`` uses."""
+"""Building blocks of the config tree: documented fields (``F``, ``S``) with their valid values
+declared beside the default (``ge=1``, ``choices=(...)``), the check that enforces those
+declarations (``check_fields``), the error that names the dotted key, and the helpers each
+section's ``check`` uses for rules that involve more than one field."""
 
 from __future__ import annotations
 
-from dataclasses import field
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -16,11 +19,55 @@ class ConfigError(ValueError):
         self.reason = reason
 
 
-def F(default: Any, doc: str) -> Any:
-    """A dataclass field with documentation (mutable defaults get a factory)."""
+@dataclass(frozen=True)
+class Valid:
+    """The values one field accepts: numeric bounds, a set of choices, or a non-empty string."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()
+    nonempty: bool = False
+
+    def describe(self) -> str:
+        """The rule in words, as the error and the generated docs state it."""
+        if self.choices:
+            return f"one of {list(self.choices)}"
+        if self.nonempty:
+            return "not empty"
+        low = (">= ", self.ge) if self.ge is not None else ("> ", self.gt)
+        high = ("<= ", self.le) if self.le is not None else ("< ", self.lt)
+        if low[1] is not None and high[1] is not None:
+            left = "[" if low[0] == ">= " else "("
+            right = "]" if high[0] == "<= " else ")"
+            return f"in {left}{low[1]}, {high[1]}{right}"
+        op, bound = low if low[1] is not None else high
+        return f"{op}{bound}"
+
+    def accepts(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if self.nonempty:
+            return value != ""
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+
+def F(default: Any, doc: str, **valid: Any) -> Any:
+    """A dataclass field with documentation and, optionally, its valid values (``Valid``'s
+    keywords: ``ge``, ``gt``, ``le``, ``lt``, ``choices``, ``nonempty``); mutable defaults get a
+    factory."""
+    metadata = {"doc": doc}
+    if valid:
+        metadata["valid"] = Valid(**valid)
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": doc})
-    return field(default=default, metadata={"doc": doc})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def S(cls: type, doc: str) -> Any:
@@ -28,10 +75,17 @@ def S(cls: type, doc: str) -> Any:
     return field(default_factory=cls, metadata={"doc": doc})
 
 
+def check_fields(section: Any, prefix: str) -> None:
+    """Enforce every field's declared ``Valid`` rule; the error names ``prefix.field``."""
+    for f in dataclasses.fields(section):
+        rule = f.metadata.get("valid")
+        value = getattr(section, f.name)
+        if rule is not None and not rule.accepts(value):
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            got = f", got {value!r}" if rule.choices else ""
+            raise ConfigError(key, f"must be {rule.describe()}{got}")
+
+
 def _need(ok: bool, key: str, reason: str) -> None:
     if not ok:
         raise ConfigError(key, reason)
-
-
-def _choice(value: str, choices: tuple[str, ...], key: str) -> None:
-    _need(value in choices, key, f"must be one of {list(choices)}, got {value!r}")

@@ -4,56 +4,66 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import F, _choice, _need
+from dapo_async.config.fields import F, _need
 
 
 @dataclass
 class LearnerConfig:
-    num_steps: int = F(40, "Learner steps (policy versions) to train.")
-    num_ranks: int = F(1, "Learner ranks (torchrun nproc_per_node) for local runs.")
-    num_minibatches: int = F(2, "Gradient updates per rollout step (DAPO: several).")
-    micro_batch_tokens: int = F(4096, "Token budget of one forward/backward micro-batch.")
-    lr: float = F(2e-4, "AdamW learning rate after warm-up.")
-    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).")
+    num_steps: int = F(40, "Learner steps (policy versions) to train.", ge=1)
+    num_ranks: int = F(1, "Learner ranks (torchrun nproc_per_node) for local runs.", ge=1)
+    num_minibatches: int = F(2, "Gradient updates per rollout step (DAPO: several).", ge=1)
+    micro_batch_tokens: int = F(4096, "Token budget of one forward/backward micro-batch.", ge=1)
+    lr: float = F(2e-4, "AdamW learning rate after warm-up.", gt=0)
+    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).", ge=0)
     betas: list = F([0.9, 0.99], "AdamW betas.")
-    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.")
-    warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.")
+    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.", ge=0)
+    warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.", ge=0)
     lr_schedule: str = F(
         "constant",
         "Learning rate after warm-up: constant | linear (decay to lr × lr_min_ratio at "
         "num_steps) | cosine (likewise, along a half cosine).",
+        choices=("constant", "linear", "cosine"),
     )
-    lr_min_ratio: float = F(0.0, "Floor of the linear and cosine schedules, as a fraction of lr.")
+    lr_min_ratio: float = F(
+        0.0, "Floor of the linear and cosine schedules, as a fraction of lr.", ge=0, le=1
+    )
     time_budget_s: float = F(
         0.0,
         "Stop after the step that ends this many seconds after training started (the final "
         "checkpoint and evaluation follow), even before num_steps; 0 = num_steps only. For "
         "comparisons at equal wall-clock (bench ladder --async).",
+        ge=0,
     )
     activation_checkpointing: bool = F(False, "Recompute activations in the backward pass.")
-    checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.")
-    keep_checkpoints: int = F(2, "Number of newest checkpoints kept.")
-    eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.")
+    checkpoint_every: int = F(0, "Save a checkpoint every N steps; 0 = only at the end.", ge=0)
+    keep_checkpoints: int = F(2, "Number of newest checkpoints kept.", ge=1)
+    eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.", ge=0)
     eval_process: bool = F(
         True,
         "Periodic evaluations (eval_every) run in an `evaluator` role (started by `train`) on "
         "weight snapshots the learner writes, off its critical path; false = on learner rank 0 "
         "between steps.",
     )
-    backend: str = F("auto", "torch.distributed backend: auto | gloo | nccl.")
+    backend: str = F(
+        "auto", "torch.distributed backend: auto | gloo | nccl.", choices=("auto", "gloo", "nccl")
+    )
     collective_timeout_s: float = F(
         1800.0,
         "Timeout of the training world's collectives: long enough for the rank-0-only work "
         "between them (checkpoint writes, held-out evaluation), short enough that a dead rank "
         "ends the run.",
+        gt=0,
     )
     param_dtype: str = F(
-        "float32", "Master weights and AdamW state: float32 (keeps small updates) | bfloat16."
+        "float32",
+        "Master weights and AdamW state: float32 (keeps small updates) | bfloat16.",
+        choices=("float32", "bfloat16"),
     )
     compute_dtype: str = F(
         "auto",
         "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
         "CUDA, float32 on CPU) | float32 | bfloat16.",
+        choices=("auto", "float32", "bfloat16"),
     )
     pack_sequences: bool = F(
         False,
@@ -65,9 +75,12 @@ class LearnerConfig:
         1024,
         "Response positions per chunk when computing log-probs and entropy from hidden states "
         "(full-vocabulary logits exist for one chunk at a time); 0 = all at once.",
+        ge=0,
     )
     lora_rank: int = F(
-        0, "LoRA rank (peft): train low-rank adapters only; generators get merged weights. 0 = off."
+        0,
+        "LoRA rank (peft): train low-rank adapters only; generators get merged weights. 0 = off.",
+        ge=0,
     )
     lora_alpha: float = F(16.0, "LoRA alpha (the adapters' scale is alpha / rank).")
     lora_target_modules: list = F(
@@ -79,30 +92,11 @@ class LearnerConfig:
     )
 
     def check(self, p: str) -> None:
-        _need(self.num_steps >= 1, f"{p}.num_steps", "must be >= 1")
-        _need(self.num_ranks >= 1, f"{p}.num_ranks", "must be >= 1")
-        _need(self.num_minibatches >= 1, f"{p}.num_minibatches", "must be >= 1")
-        _need(self.micro_batch_tokens >= 1, f"{p}.micro_batch_tokens", "must be >= 1")
-        _need(self.lr > 0, f"{p}.lr", "must be > 0")
-        _need(self.weight_decay >= 0, f"{p}.weight_decay", "must be >= 0")
         _need(
             len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
             f"{p}.betas",
             "must be two numbers in [0, 1)",
         )
-        _need(self.grad_clip >= 0, f"{p}.grad_clip", "must be >= 0")
-        _need(self.warmup_steps >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _choice(self.lr_schedule, ("constant", "linear", "cosine"), f"{p}.lr_schedule")
-        _need(0 <= self.lr_min_ratio <= 1, f"{p}.lr_min_ratio", "must be in [0, 1]")
-        _need(self.time_budget_s >= 0, f"{p}.time_budget_s", "must be >= 0 (0 = off)")
-        _need(self.checkpoint_every >= 0, f"{p}.checkpoint_every", "must be >= 0")
-        _need(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints", "must be >= 1")
-        _need(self.eval_every >= 0, f"{p}.eval_every", "must be >= 0")
-        _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
-        _need(self.collective_timeout_s > 0, f"{p}.collective_timeout_s", "must be > 0")
-        _choice(self.param_dtype, ("float32", "bfloat16"), f"{p}.param_dtype")
-        _choice(self.compute_dtype, ("auto", "float32", "bfloat16"), f"{p}.compute_dtype")
-        _need(self.lora_rank >= 0, f"{p}.lora_rank", "must be >= 0 (0 = off)")
         _need(
             not (self.lora_rank and self.fsdp),
             f"{p}.lora_rank",
@@ -113,4 +107,3 @@ class LearnerConfig:
             f"{p}.lora_target_modules",
             "must name at least one module",
         )
-        _need(self.logprob_chunk_tokens >= 0, f"{p}.logprob_chunk_tokens", "must be >= 0")

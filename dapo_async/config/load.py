@@ -130,9 +130,10 @@ def save_resolved(cfg: RunConfig, run_dir: str | os.PathLike) -> Path:
     return atomic_write_text(out, to_yaml(dataclasses.replace(cfg, run_dir="")))
 
 
-def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted key, doc, default) for every leaf field, in declaration order."""
-    rows: list[tuple[str, str, Any]] = []
+def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """(dotted key, doc, default, accepted values in words or "") for every leaf field, in
+    declaration order."""
+    rows: list[tuple[str, str, Any, str]] = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         sub = _field_type(cls, f.name)
@@ -140,5 +141,7 @@ def field_docs(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, 
             rows.extend(field_docs(sub, key + "."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((key, f.metadata.get("doc", ""), default))
+            valid = f.metadata.get("valid")
+            accepts = valid.describe() if valid is not None else ""
+            rows.append((key, f.metadata.get("doc", ""), default, accepts))
     return rows

@@ -5,40 +5,51 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import F, _choice, _need
+from dapo_async.config.fields import F, _need
 
 
 @dataclass
 class GeneratorConfig:
-    engine: str = F("hf", "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).")
-    num_generators: int = F(1, "Generator processes started by `dapo-async train`.")
-    responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).")
-    prompts_per_batch: int = F(8, "Prompts a generator leases and samples in one engine call.")
-    temperature: float = F(1.0, "Sampling temperature (DAPO trains at 1.0).")
-    top_p: float = F(1.0, "Nucleus sampling mass.")
+    engine: str = F(
+        "hf",
+        "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).",
+        choices=("hf", "vllm"),
+    )
+    num_generators: int = F(1, "Generator processes started by `dapo-async train`.", ge=1)
+    responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).", ge=2)
+    prompts_per_batch: int = F(
+        8, "Prompts a generator leases and samples in one engine call.", ge=1
+    )
+    temperature: float = F(1.0, "Sampling temperature (DAPO trains at 1.0).", gt=0)
+    top_p: float = F(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = F(-1, "Top-k sampling; -1 = off.")
-    max_tokens: int = F(24, "Maximum response length in tokens.")
-    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.")
-    eval_top_p: float = F(1.0, "top_p for held-out evaluation.")
+    max_tokens: int = F(24, "Maximum response length in tokens.", ge=1)
+    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.", ge=0)
+    eval_top_p: float = F(1.0, "top_p for held-out evaluation.", gt=0, le=1)
     logprobs_mode: str = F(
-        "processed", "Behaviour log-probs: processed (after temperature/top-p) | raw."
+        "processed",
+        "Behaviour log-probs: processed (after temperature/top-p) | raw.",
+        choices=("processed", "raw"),
     )
     dtype: str = F(
-        "auto", "Engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16."
+        "auto",
+        "Engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.",
+        choices=("auto", "float32", "bfloat16"),
     )
     max_model_len: int = F(256, "vLLM: maximum sequence length.")
     cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
     tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
-    heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.")
+    heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.", gt=0)
     mode: str = F(
         "stream",
         "batch (lease prompts_per_batch prompts, generate them all, send, repeat) or stream "
         "(keep max_inflight sequences decoding, send each group the moment its G responses "
         "finish and lease a new prompt in its place: no batch barrier).",
+        choices=("batch", "stream"),
     )
     max_inflight: int = F(
-        0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt."
+        0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
     )
     inflight_updates: bool = F(
         True,
@@ -52,7 +63,7 @@ class GeneratorConfig:
         "finding: costs almost nothing).",
     )
     update_interval_tokens: int = F(
-        16, "stream, hf engine: decode steps per chunk (new weights and new prompts between)."
+        16, "stream, hf engine: decode steps per chunk (new weights and new prompts between).", ge=1
     )
 
     refill_at: float = F(
@@ -71,11 +82,6 @@ class GeneratorConfig:
         return self.max_inflight or self.prompts_per_batch * self.responses_per_prompt
 
     def check(self, p: str) -> None:
-        _choice(self.engine, ("hf", "vllm"), f"{p}.engine")
-        _choice(self.mode, ("batch", "stream"), f"{p}.mode")
-        _choice(self.dtype, ("auto", "float32", "bfloat16"), f"{p}.dtype")
-        _need(self.max_inflight >= 0, f"{p}.max_inflight", "must be >= 0")
-        _need(self.update_interval_tokens >= 1, f"{p}.update_interval_tokens", "must be >= 1")
         _need(
             self.refill_at == -1 or 0 <= self.refill_at <= 1,
             f"{p}.refill_at",
@@ -86,17 +92,7 @@ class GeneratorConfig:
             f"{p}.max_inflight",
             "must be 0 or >= responses_per_prompt (one whole group)",
         )
-        _choice(self.logprobs_mode, ("processed", "raw"), f"{p}.logprobs_mode")
-        _need(self.num_generators >= 1, f"{p}.num_generators", "must be >= 1")
-        _need(self.responses_per_prompt >= 2, f"{p}.responses_per_prompt", "must be >= 2 (groups)")
-        _need(self.prompts_per_batch >= 1, f"{p}.prompts_per_batch", "must be >= 1")
-        _need(self.temperature > 0, f"{p}.temperature", "must be > 0")
-        _need(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
         _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
-        _need(self.max_tokens >= 1, f"{p}.max_tokens", "must be >= 1")
-        _need(self.eval_temperature >= 0, f"{p}.eval_temperature", "must be >= 0")
-        _need(0 < self.eval_top_p <= 1, f"{p}.eval_top_p", "must be in (0, 1]")
-        _need(self.heartbeat_s > 0, f"{p}.heartbeat_s", "must be > 0")
 
 
 @dataclass
@@ -106,18 +102,20 @@ class RewardConfig:
         "Reward function: dapo_math (the DAPO reference verifier's rules) | dapo_math_lenient "
         "| boxed | code (sandboxed execution) | `package.module:function` (custom); "
         "docs/algorithms.md.",
+        nonempty=True,
     )
     overlong_shaping: bool = F(True, "Add DAPO's soft overlong punishment to the reward.")
     overlong_max_len: int = F(
         0,
         "L_max of the overlong punishment (tokens): DAPO's is the generation limit, so it must "
         "equal generator.max_tokens; 0 = derive it from generator.max_tokens.",
+        ge=0,
     )
     overlong_cache_len: int = F(6, "L_cache of the overlong punishment (tokens).")
     timeout_s: float = F(
-        5.0, "Per-response verifier timeout; a timeout scores as a tagged failure."
+        5.0, "Per-response verifier timeout; a timeout scores as a tagged failure.", gt=0
     )
-    num_workers: int = F(1, "Isolated reward worker processes per generator.")
+    num_workers: int = F(1, "Isolated reward worker processes per generator.", ge=1)
     model_path: str = F(
         "",
         "Reward model (HF sequence-classification directory) that `dapo-async train` serves "
@@ -131,7 +129,9 @@ class RewardConfig:
     model_weight: float = F(1.0, "Weight of the reward model's score in the total reward.")
     verifier_weight: float = F(1.0, "Weight of the verifier's score (`fn`) in the total reward.")
     model_timeout_s: float = F(
-        60.0, "Timeout of one batched reward-model request; a failure scores the model part 0."
+        60.0,
+        "Timeout of one batched reward-model request; a failure scores the model part 0.",
+        gt=0,
     )
 
     @property
@@ -139,18 +139,13 @@ class RewardConfig:
         return bool(self.model_path or self.model_endpoint)
 
     def check(self, p: str) -> None:
-        _need(self.fn != "", f"{p}.fn", "must not be empty")
         _need(
             not self.model_endpoint or self.model_endpoint.startswith(("tcp://", "http")),
             f"{p}.model_endpoint",
             "must be tcp://host:port or an http(s):// URL",
         )
-        _need(self.model_timeout_s > 0, f"{p}.model_timeout_s", "must be > 0")
-        _need(self.overlong_max_len >= 0, f"{p}.overlong_max_len", "must be >= 0 (0 = derived)")
         _need(
             0 < self.overlong_cache_len < self.overlong_max_len,
             f"{p}.overlong_cache_len",
             "must be in (0, overlong_max_len)",
         )
-        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
-        _need(self.num_workers >= 1, f"{p}.num_workers", "must be >= 1")

@@ -1,6 +1,7 @@
 """The config tree: one dataclass per section (model, data, generator, reward, buffer, algo,
 learner, weight_sync, tracking, launch) under ``RunConfig``. Every field documents itself
-(``metadata["doc"]``); every section validates itself in ``check`` with errors that name the key."""
+(``metadata["doc"]``) and the values it accepts (``F(..., ge=1)``, checked by ``check_fields``); a
+section's ``check`` holds only the rules that involve several fields. Errors name the key."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_async.config.fields import F, S, _choice, _need
+from dapo_async.config.fields import F, S, _need, check_fields
 from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import GeneratorConfig, RewardConfig
 
@@ -32,9 +33,6 @@ class ModelConfig:
         """The policy's HF directory: ``path``, or the built-in tiny model's ``tiny_dir``."""
         return self.path or self.tiny_dir
 
-    def check(self, p: str) -> None:
-        """Paths are checked before roles start (``launch``); nothing to check here."""
-
 
 @dataclass
 class DataConfig:
@@ -42,6 +40,7 @@ class DataConfig:
         "tiny:arith",
         "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain) or a "
         ".parquet/.jsonl file in the DAPO-Math-17K schema.",
+        nonempty=True,
     )
     eval_source: str = F("", "Held-out prompts (same forms as `source`); empty = the task's split.")
     sources: dict = F(
@@ -49,19 +48,22 @@ class DataConfig:
         "Weighted training mixture {source: weight, …} (each source as in `source`); when set "
         "it replaces `source`, and each lease draws a source in proportion to its weight.",
     )
-    num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).")
-    num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).")
-    difficulty: int = F(2, "Built-in tasks: number of digits per operand (arith) or steps (chain).")
+    num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).", gt=0)
+    num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).", gt=0)
+    difficulty: int = F(
+        2, "Built-in tasks: number of digits per operand (arith) or steps (chain).", ge=1, le=12
+    )
     max_difficulty: int = F(
         0,
         "Built-in tasks: if above `difficulty`, each prompt's difficulty is drawn uniformly from "
         "[difficulty, max_difficulty] (mixed response lengths); 0 = `difficulty` only.",
     )
-    max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.")
+    max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.", gt=0)
     prompt_format: str = F(
         "chat",
         "chat (the tokenizer's own chat template) | raw (message contents joined, no template: "
         "base models).",
+        choices=("chat", "raw"),
     )
     system_prompt: str = F("", "System message put before each prompt that has none; empty = none.")
     chat_template_kwargs: dict = F(
@@ -70,17 +72,11 @@ class DataConfig:
     shuffle_seed: int = F(0, "Seed of the deterministic per-epoch prompt shuffle.")
 
     def check(self, p: str) -> None:
-        _need(self.source != "", f"{p}.source", "must not be empty")
-        _need(self.num_train > 0, f"{p}.num_train", "must be > 0")
-        _need(self.num_eval > 0, f"{p}.num_eval", "must be > 0")
-        _need(1 <= self.difficulty <= 12, f"{p}.difficulty", "must be in [1, 12]")
         _need(
             self.max_difficulty == 0 or self.difficulty <= self.max_difficulty <= 12,
             f"{p}.max_difficulty",
             "must be 0 or in [difficulty, 12]",
         )
-        _need(self.max_prompt_len > 0, f"{p}.max_prompt_len", "must be > 0")
-        _choice(self.prompt_format, ("chat", "raw"), f"{p}.prompt_format")
         for src, w in self.sources.items():
             _need(
                 isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0,
@@ -91,123 +87,133 @@ class DataConfig:
 
 @dataclass
 class BufferConfig:
-    port: int = F(0, "Buffer ROUTER port; 0 = pick a free port (local runs).")
-    groups_per_step: int = F(16, "Groups (prompts) in one learner step's global batch.")
-    max_staleness: int = F(1, "Tokens trained at version v come from weights >= v - max_staleness.")
+    port: int = F(0, "Buffer ROUTER port; 0 = pick a free port (local runs).", ge=0, le=65535)
+    groups_per_step: int = F(16, "Groups (prompts) in one learner step's global batch.", ge=1)
+    max_staleness: int = F(
+        1, "Tokens trained at version v come from weights >= v - max_staleness.", ge=0
+    )
     dynamic_sampling: bool = F(True, "Drop groups whose filter metric has zero variance (DAPO).")
-    filter_metric: str = F("acc", "Metric of the dynamic-sampling filter: acc | score.")
-    min_group_acc: float = F(0.0, "Band-pass: keep groups with accuracy >= this (0 = off).")
+    filter_metric: str = F(
+        "acc", "Metric of the dynamic-sampling filter: acc | score.", choices=("acc", "score")
+    )
+    min_group_acc: float = F(
+        0.0, "Band-pass: keep groups with accuracy >= this (0 = off).", ge=0, le=1
+    )
     max_group_acc: float = F(1.0, "Band-pass: keep groups with accuracy <= this (1 = off).")
-    max_buffered_groups: int = F(4096, "Memory bound: generators are told to wait beyond this.")
+    max_buffered_groups: int = F(
+        4096, "Memory bound: generators are told to wait beyond this.", ge=1
+    )
     wal: bool = F(
         True,
         "Keep a write-ahead log of accepted, not yet trained groups (a killed buffer restarts "
         "from it and loses nothing it acknowledged).",
     )
-    lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.")
+    lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.", gt=0)
 
     def check(self, p: str) -> None:
-        _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")
-        _need(self.groups_per_step >= 1, f"{p}.groups_per_step", "must be >= 1")
-        _need(self.max_staleness >= 0, f"{p}.max_staleness", "must be >= 0")
-        _choice(self.filter_metric, ("acc", "score"), f"{p}.filter_metric")
-        _need(0 <= self.min_group_acc <= 1, f"{p}.min_group_acc", "must be in [0, 1]")
         _need(
             self.min_group_acc <= self.max_group_acc <= 1,
             f"{p}.max_group_acc",
             "must be in [min_group_acc, 1]",
         )
-        _need(self.max_buffered_groups >= 1, f"{p}.max_buffered_groups", "must be >= 1")
-        _need(self.lease_timeout_s > 0, f"{p}.lease_timeout_s", "must be > 0")
 
 
 @dataclass
 class AlgoConfig:
-    objective: str = F("dapo", "Objective: dapo | grpo | ppo_kl | dpo (see docs/algorithms.md).")
-    clip_low: float = F(0.2, "ε_low: lower clip of the ratio, 1 - ε_low.")
-    clip_high: float = F(0.28, "ε_high: upper clip of the ratio, 1 + ε_high (clip-higher).")
+    objective: str = F(
+        "dapo",
+        "Objective: dapo | grpo | ppo_kl | dpo (see docs/algorithms.md).",
+        choices=("dapo", "grpo", "ppo_kl", "dpo"),
+    )
+    clip_low: float = F(0.2, "ε_low: lower clip of the ratio, 1 - ε_low.", ge=0, lt=1)
+    clip_high: float = F(0.28, "ε_high: upper clip of the ratio, 1 + ε_high (clip-higher).", ge=0)
     dual_clip: float = F(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.")
     loss_agg: str = F(
         "token-mean",
         "Loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
         "seq-mean-token-sum-norm.",
+        choices=(
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+        ),
     )
     adv_norm_std: bool = F(True, "Divide group advantages by the std (False = Dr. GRPO).")
     entropy_coef: float = F(
         0.0,
         "Entropy bonus: coef × token-mean policy entropy is subtracted from the loss (dapo, "
         "grpo, ppo_kl; DAPO uses none); 0 = off.",
+        ge=0,
     )
-    adv_eps: float = F(1e-6, "ε in (R - mean) / (std + ε).")
-    is_cap: float = F(2.0, "C: cap of the behaviour importance weight min(π_prox/π_behav, C).")
-    is_mask_low: float = F(0.0, "Mask tokens whose importance weight is below this (0 = off).")
+    adv_eps: float = F(1e-6, "ε in (R - mean) / (std + ε).", gt=0)
+    is_cap: float = F(
+        2.0, "C: cap of the behaviour importance weight min(π_prox/π_behav, C).", gt=0
+    )
+    is_mask_low: float = F(
+        0.0, "Mask tokens whose importance weight is below this (0 = off).", ge=0
+    )
     is_mask_high: float = F(0.0, "Mask tokens whose importance weight is above this (0 = off).")
-    seq_mask_low: float = F(0.0, "Sequence geometric-mean weight mask, lower bound (0 = off).")
+    seq_mask_low: float = F(
+        0.0, "Sequence geometric-mean weight mask, lower bound (0 = off).", ge=0
+    )
     seq_mask_high: float = F(0.0, "Sequence geometric-mean weight mask, upper bound (0 = off).")
     bypass: bool = F(
         False, "Bypass mode: proximal log-probs := behaviour log-probs (no recompute)."
     )
     overlong_filter: bool = F(False, "Mask the loss of truncated responses.")
-    kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).")
-    kl_estimator: str = F("k3", "KL estimator: k1 | k2 | k3.")
-    dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.")
+    kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).", ge=0)
+    kl_estimator: str = F("k3", "KL estimator: k1 | k2 | k3.", choices=("k1", "k2", "k3"))
+    dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.", gt=0)
     dpo_reference: str = F(
         "behaviour",
         "DPO reference log-probs: behaviour (the engine's, on-policy) | model (frozen reference).",
+        choices=("behaviour", "model"),
     )
     track_kl_ref: bool = F(
         False, "Load the reference model and report train/kl_ref even without a KL penalty."
     )
-    norm_len: int = F(0, "Constant divisor of seq-mean-token-sum-norm; 0 = max_tokens.")
+    norm_len: int = F(0, "Constant divisor of seq-mean-token-sum-norm; 0 = max_tokens.", ge=0)
 
     def check(self, p: str) -> None:
-        _need(self.entropy_coef >= 0, f"{p}.entropy_coef", "must be >= 0")
-        _choice(self.objective, ("dapo", "grpo", "ppo_kl", "dpo"), f"{p}.objective")
         _need(
             self.kl_coef == 0 or self.objective == "ppo_kl",
             f"{p}.kl_coef",
             f"a KL penalty is part of objective 'ppo_kl', not {self.objective!r} "
             "(set algo.track_kl_ref=true to only measure the KL)",
         )
-        _choice(self.dpo_reference, ("behaviour", "model"), f"{p}.dpo_reference")
-        _need(0 <= self.clip_low < 1, f"{p}.clip_low", "must be in [0, 1)")
-        _need(self.clip_high >= 0, f"{p}.clip_high", "must be >= 0")
         _need(self.dual_clip == 0 or self.dual_clip > 1, f"{p}.dual_clip", "must be 0 or > 1")
-        _choice(
-            self.loss_agg,
-            ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
-            f"{p}.loss_agg",
-        )
-        _need(self.adv_eps > 0, f"{p}.adv_eps", "must be > 0")
-        _need(self.is_cap > 0, f"{p}.is_cap", "must be > 0")
-        _need(self.is_mask_low >= 0, f"{p}.is_mask_low", "must be >= 0")
         _need(
             self.is_mask_high == 0 or self.is_mask_high > self.is_mask_low,
             f"{p}.is_mask_high",
             "must be 0 or > is_mask_low",
         )
-        _need(self.seq_mask_low >= 0, f"{p}.seq_mask_low", "must be >= 0")
         _need(
             self.seq_mask_high == 0 or self.seq_mask_high > self.seq_mask_low,
             f"{p}.seq_mask_high",
             "must be 0 or > seq_mask_low",
         )
-        _need(self.kl_coef >= 0, f"{p}.kl_coef", "must be >= 0")
-        _choice(self.kl_estimator, ("k1", "k2", "k3"), f"{p}.kl_estimator")
-        _need(self.dpo_beta > 0, f"{p}.dpo_beta", "must be > 0")
-        _need(self.norm_len >= 0, f"{p}.norm_len", "must be >= 0")
 
 
 @dataclass
 class WeightSyncConfig:
-    mode: str = F("dist", "Transport: dist (torch.distributed group) | disk (safetensors files).")
-    bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.")
-    timeout_s: float = F(60.0, "Timeout of every weight-sync collective.")
+    mode: str = F(
+        "dist",
+        "Transport: dist (torch.distributed group) | disk (safetensors files).",
+        choices=("dist", "disk"),
+    )
+    bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.", ge=1)
+    timeout_s: float = F(60.0, "Timeout of every weight-sync collective.", gt=0)
     port: int = F(
-        0, "Port of the weight-sync store learner rank 0 hosts on launch.host; 0 = a free port."
+        0,
+        "Port of the weight-sync store learner rank 0 hosts on launch.host; 0 = a free port.",
+        ge=0,
+        le=65535,
     )
     backend: str = F(
-        "auto", "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo)."
+        "auto",
+        "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo).",
+        choices=("auto", "gloo", "nccl"),
     )
     endpoint: str = F(
         "",
@@ -219,6 +225,7 @@ class WeightSyncConfig:
         "dist mode: dtype the weights travel and are staged in: auto (= generator.dtype) | "
         "float32 | "
         "bfloat16 (half the bytes of float32).",
+        choices=("auto", "float32", "bfloat16"),
     )
     allow_unauthenticated_network: bool = F(
         False,
@@ -226,14 +233,6 @@ class WeightSyncConfig:
         "binds the weight-sync store beyond loopback only with this set (use a private "
         "network, or mode=disk). With keys the store is authenticated and needs no opt-in.",
     )
-
-    def check(self, p: str) -> None:
-        _choice(self.mode, ("dist", "disk"), f"{p}.mode")
-        _choice(self.backend, ("auto", "gloo", "nccl"), f"{p}.backend")
-        _need(self.bucket_mb >= 1, f"{p}.bucket_mb", "must be >= 1")
-        _need(self.timeout_s > 0, f"{p}.timeout_s", "must be > 0")
-        _need(0 <= self.port <= 65535, f"{p}.port", "must be in [0, 65535]")
-        _choice(self.wire_dtype, ("auto", "float32", "bfloat16"), f"{p}.wire_dtype")
 
 
 @dataclass
@@ -246,10 +245,7 @@ class TrackingConfig:
     )
     tags: list = F([], "Aim tags of every role's run (tune tags its points with KEY=VALUE).")
     experiment: str = F("", "Aim experiment name; empty = the run name.")
-    log_every: int = F(1, "Print a status line every N learner steps.")
-
-    def check(self, p: str) -> None:
-        _need(self.log_every >= 1, f"{p}.log_every", "must be >= 1")
+    log_every: int = F(1, "Print a status line every N learner steps.", ge=1)
 
 
 @dataclass
@@ -258,6 +254,7 @@ class LaunchConfig:
         "127.0.0.1",
         "Address the buffer binds to (non-loopback needs CurveZMQ keys), and the host of the "
         "weight-sync store when weight_sync.endpoint is empty.",
+        nonempty=True,
     )
     buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
     curve_keys_dir: str = F(
@@ -274,7 +271,7 @@ class LaunchConfig:
     insecure_allow_public_bind: bool = F(
         False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
     )
-    torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).")
+    torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).", ge=1)
     allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
     restart_roles: bool = F(
         True,
@@ -282,22 +279,15 @@ class LaunchConfig:
         "that dies (from its latest checkpoint) instead of ending the run.",
     )
     max_restarts: int = F(
-        10, "Most restarts of one role within launch.restart_window_s; more ends the run."
+        10, "Most restarts of one role within launch.restart_window_s; more ends the run.", ge=0
     )
-    restart_window_s: float = F(600.0, "Window of launch.max_restarts, seconds.")
-    shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.")
-
-    def check(self, p: str) -> None:
-        _need(self.host != "", f"{p}.host", "must not be empty")
-        _need(self.torch_threads >= 1, f"{p}.torch_threads", "must be >= 1")
-        _need(self.shutdown_timeout_s > 0, f"{p}.shutdown_timeout_s", "must be > 0")
-        _need(self.max_restarts >= 0, f"{p}.max_restarts", "must be >= 0")
-        _need(self.restart_window_s > 0, f"{p}.restart_window_s", "must be > 0")
+    restart_window_s: float = F(600.0, "Window of launch.max_restarts, seconds.", gt=0)
+    shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.", gt=0)
 
 
 @dataclass
 class RunConfig:
-    name: str = F("tiny-dapo", "Run name; also the default Aim experiment.")
+    name: str = F("tiny-dapo", "Run name; also the default Aim experiment.", nonempty=True)
     seed: int = F(0, "Global seed (model init, sampling, shuffles).")
     run_dir: str = F(
         "",
@@ -316,11 +306,15 @@ class RunConfig:
     launch: LaunchConfig = S(LaunchConfig, "Processes, addresses and security.")
 
     def check(self) -> None:
-        _need(self.name != "", "name", "must not be empty")
+        """Every field's declared rule (``F(..., ge=…)``), then each section's rules that
+        involve several of its fields (its ``check``), then the rules across sections."""
+        check_fields(self, "")
         for f in dataclasses.fields(self):
             sub = getattr(self, f.name)
             if dataclasses.is_dataclass(sub):
-                sub.check(f.name)
+                check_fields(sub, f.name)
+                if hasattr(sub, "check"):
+                    sub.check(f.name)
         self._check_lengths()
 
     def _check_lengths(self) -> None:
