@@ -29,24 +29,22 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from dapo_async.bench.common import heldout_accuracy, print_result, run_train
+from dapo_async.bench.common import (
+    heldout_accuracy,
+    learner_window,
+    print_result,
+    run_train,
+    window_rates,
+)
 from dapo_async.bench.stats import ks_two_sample, quantile
-from dapo_async.tracking import read_metrics
 
 
 def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
     """Figures over the learner steps after the first ``skip`` ones."""
-    recs = [r for r in read_metrics(run_dir, "learner") if "rollout/num_responses" in r]
-    if len(recs) < skip + 2:
-        raise RuntimeError(f"{run_dir}: fewer than {skip + 2} learner steps recorded")
-    window = recs[skip:]
-    elapsed = window[-1]["time"] - recs[skip - 1]["time"]
-    samples = sum(r["rollout/num_responses"] for r in window)
-    waited = sum(r["time/wait_data_s"] for r in window)
+    start, window = learner_window(run_dir, skip)
     out = {
-        "samples_per_s": samples / elapsed,
-        "learner_idle": waited / elapsed,
-        "steps": float(len(recs)),
+        **window_rates(start, window),
+        "steps": float(skip + len(window)),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
     }
     for when in ("before", "after"):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dapo_async.tracking import read_metrics
+
 
 def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "bench async") -> None:
     """One `dapo-async train` job in ``run_dir``; raises RuntimeError with its stderr tail."""
@@ -40,3 +42,21 @@ def print_result(summary: str, out: dict, as_json: bool) -> int:
     if as_json:
         print(json.dumps(out))
     return 0
+
+
+def learner_window(run_dir: Path, skip: int) -> tuple[dict, list[dict]]:
+    """The steady-state window of a run's learner: the step record just before it (its start)
+    and the step records after the first ``skip`` steps."""
+    recs = [r for r in read_metrics(run_dir, "learner") if "rollout/num_responses" in r]
+    if len(recs) < skip + 2:
+        raise RuntimeError(f"{run_dir}: fewer than {skip + 2} learner steps recorded")
+    return recs[skip - 1], recs[skip:]
+
+
+def window_rates(start: dict, window: list[dict]) -> dict[str, float]:
+    """Trained samples/s and the learner's idle share over a ``learner_window``."""
+    elapsed = window[-1]["time"] - start["time"]
+    return {
+        "samples_per_s": sum(r["rollout/num_responses"] for r in window) / elapsed,
+        "learner_idle": sum(r["time/wait_data_s"] for r in window) / elapsed,
+    }

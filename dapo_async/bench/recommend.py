@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dapo_async.bench.common import learner_window, window_rates
 from dapo_async.tracking import read_metrics
 
 # Splits whose predictions are within this fraction of the best count as tied; the one with
@@ -59,13 +60,10 @@ def _generator_idle(run_dir: Path, t0: float, t1: float) -> float:
 
 def role_rates(run_dir: Path, skip: int, learners: int, generators: int, responses: int) -> dict:
     """Per-rank learner and per-generator capacities (samples/s when busy) of a finished run."""
-    recs = [r for r in read_metrics(run_dir, "learner") if "rollout/num_responses" in r]
-    if len(recs) < skip + 2:
-        raise RuntimeError(f"{run_dir}: fewer than {skip + 2} learner steps recorded")
-    start, window = recs[skip - 1], recs[skip:]
+    start, window = learner_window(run_dir, skip)
+    rates = window_rates(start, window)
+    trained, learner_idle = rates["samples_per_s"], rates["learner_idle"]
     elapsed = window[-1]["time"] - start["time"]
-    trained = sum(r["rollout/num_responses"] for r in window) / elapsed
-    learner_idle = sum(r["time/wait_data_s"] for r in window) / elapsed
     qualified_groups = window[-1]["buffer/qualified"] - start["buffer/qualified"]
     qualified = qualified_groups * responses / elapsed
     gen_idle = _generator_idle(run_dir, start["time"], window[-1]["time"])

@@ -313,6 +313,9 @@ class StoreServer:
         return protocol.StoreReply(msg.request_id, found, base64.b64encode(out).decode())
 
     def close(self) -> None:
+        """Stop serving and release the socket; a second call does nothing."""
+        if self._ctx.closed:
+            return
         self._stop.set()
         self._thread.join(timeout=5)
         self.server.close()
