@@ -45,7 +45,9 @@ class LearnerConfig:
         "between steps.",
     )
     backend: str = F(
-        "auto", "torch.distributed backend: auto | gloo | nccl.", choices=("auto", "gloo", "nccl")
+        "auto",
+        "torch.distributed backend of the training world; auto = nccl on CUDA, else gloo.",
+        choices=("auto", "gloo", "nccl"),
     )
     collective_timeout_s: float = F(
         1800.0,

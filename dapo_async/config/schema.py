@@ -94,7 +94,9 @@ class BufferConfig:
     )
     dynamic_sampling: bool = F(True, "Drop groups whose filter metric has zero variance (DAPO).")
     filter_metric: str = F(
-        "acc", "Metric of the dynamic-sampling filter: acc | score.", choices=("acc", "score")
+        "acc",
+        "Metric of the dynamic-sampling filter (accuracy or reward score).",
+        choices=("acc", "score"),
     )
     min_group_acc: float = F(
         0.0, "Band-pass: keep groups with accuracy >= this (0 = off).", ge=0, le=1
@@ -122,7 +124,7 @@ class BufferConfig:
 class AlgoConfig:
     objective: str = F(
         "dapo",
-        "Objective: dapo | grpo | ppo_kl | dpo (see docs/algorithms.md).",
+        "The RL objective (docs/algorithms.md).",
         choices=("dapo", "grpo", "ppo_kl", "dpo"),
     )
     clip_low: float = F(0.2, "ε_low: lower clip of the ratio, 1 - ε_low.", ge=0, lt=1)
@@ -130,8 +132,7 @@ class AlgoConfig:
     dual_clip: float = F(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.")
     loss_agg: str = F(
         "token-mean",
-        "Loss aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
-        "seq-mean-token-sum-norm.",
+        "Loss aggregation over tokens and sequences (docs/algorithms.md).",
         choices=(
             "token-mean",
             "seq-mean-token-mean",
@@ -163,7 +164,7 @@ class AlgoConfig:
     )
     overlong_filter: bool = F(False, "Mask the loss of truncated responses.")
     kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).", ge=0)
-    kl_estimator: str = F("k3", "KL estimator: k1 | k2 | k3.", choices=("k1", "k2", "k3"))
+    kl_estimator: str = F("k3", "KL estimator (Schulman's k1, k2, k3).", choices=("k1", "k2", "k3"))
     dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.", gt=0)
     dpo_reference: str = F(
         "behaviour",
