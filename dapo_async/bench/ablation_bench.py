@@ -34,8 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dapo_async.bench.common import heldout_accuracy, parse_seeds, run_train
-from dapo_async.tracking import read_metrics
+from dapo_async.bench.common import heldout_accuracy, heldout_curve, parse_seeds, run_train
 
 # One DAPO component at a time on top of the naive-GRPO baseline (--components).
 COMPONENTS: dict[str, list[str]] = {
@@ -48,7 +47,7 @@ COMPONENTS: dict[str, list[str]] = {
 
 def read_run(run_dir: Path) -> dict[str, float]:
     """Held-out accuracy before/after and over the run, groups generated, training time."""
-    curve = [r["eval/accuracy"] for r in read_metrics(run_dir, "learner") if "eval/accuracy" in r]
+    curve = [accuracy for _, accuracy in heldout_curve(run_dir)]
     before, after = heldout_accuracy(run_dir, "before"), heldout_accuracy(run_dir, "after")
     if not curve or curve[-1] != after:  # the final evaluation is tracked with the last step
         curve.append(after)

@@ -60,3 +60,16 @@ def window_rates(start: dict, window: list[dict]) -> dict[str, float]:
         "samples_per_s": sum(r["rollout/num_responses"] for r in window) / elapsed,
         "learner_idle": sum(r["time/wait_data_s"] for r in window) / elapsed,
     }
+
+
+def heldout_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """Every held-out evaluation of a run as (step, accuracy), in step order: the learner's own
+    (before and after training, and periodic ones with ``learner.eval_process=false``) and the
+    evaluator role's (periodic ones on weight snapshots, the default). Where both evaluated one
+    step, the learner's figure counts."""
+    by_step: dict[int, float] = {}
+    for role in ("learner", "evaluator"):
+        for r in read_metrics(run_dir, role):
+            if "eval/accuracy" in r and "step" in r:
+                by_step.setdefault(int(r["step"]), float(r["eval/accuracy"]))
+    return sorted(by_step.items())

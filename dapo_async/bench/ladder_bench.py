@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.common import heldout_accuracy, parse_seeds, run_train
+from dapo_async.bench.common import heldout_accuracy, heldout_curve, parse_seeds, run_train
 from dapo_async.tiny.build import cpu_model
 from dapo_async.tracking import read_metrics
 
@@ -81,17 +81,21 @@ def async_arms(budget_s: float) -> dict[str, list[str]]:
 
 def read_curve(run_dir: Path) -> dict:
     """Held-out evaluations of one run: steps, training seconds, accuracies; and the final one."""
-    evals = [r for r in read_metrics(run_dir, "learner") if "eval/accuracy" in r]
+    curve = heldout_curve(run_dir)
     after = heldout_accuracy(run_dir, "after")
     summary = json.loads((run_dir / "learner_summary.json").read_text())
     train_s = float(summary.get("train_seconds", summary["seconds"]))
-    # training seconds (evaluations excluded) at each evaluation: 0 for the one before
-    # training, the step's own figure for periodic ones, the run's total for the final one
-    seconds = [0.0 if r["step"] == 0 else r.get("learner/train_seconds", train_s) for r in evals]
+    # training seconds (evaluations excluded) at each evaluated step: 0 before training, the
+    # step's own figure after it, the run's total where the step has none (the final one)
+    at_step = {
+        int(r["step"]): r["learner/train_seconds"]
+        for r in read_metrics(run_dir, "learner")
+        if "learner/train_seconds" in r and "step" in r
+    }
     return {
-        "steps": [int(r["step"]) for r in evals],
-        "seconds": seconds,
-        "accuracy": [r["eval/accuracy"] for r in evals],
+        "steps": [step for step, _ in curve],
+        "seconds": [0.0 if step == 0 else at_step.get(step, train_s) for step, _ in curve],
+        "accuracy": [accuracy for _, accuracy in curve],
         "after": after,
         "num_steps": int(summary["steps"]),
         "train_seconds": train_s,

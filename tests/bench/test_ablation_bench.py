@@ -42,6 +42,16 @@ def test_read_run_averages_the_curve_with_the_final_evaluation(tmp_path):
     assert read_run(tmp_path / "b")["curve_mean"] == pytest.approx(0.7)
 
 
+def test_read_run_counts_the_evaluator_roles_periodic_evaluations(tmp_path):
+    """With learner.eval_process (the default) the periodic evaluations are the evaluator's:
+    a curve of the learner's records alone is just before and after."""
+    _write_run(tmp_path / "a", [(0, 0.2)], before=0.2, after=0.9)
+    evaluator = [{"step": 5, "eval/accuracy": 0.6}, {"step": 10, "eval/accuracy": 0.8}]
+    lines = "\n".join(json.dumps(r) for r in evaluator)
+    (tmp_path / "a" / "metrics" / "evaluator.jsonl").write_text(lines)
+    assert read_run(tmp_path / "a")["curve_mean"] == pytest.approx((0.2 + 0.6 + 0.8 + 0.9) / 4)
+
+
 def test_parse_seeds_rejects_bad_lists():
     assert parse_seeds("0,1,2") == [0, 1, 2]
     for bad in ("", "0,0", "a,1"):

@@ -1,11 +1,18 @@
 """`dapo-async bench ladder`: the arms of both ladders, the per-arm summary, fail-fast."""
 
 import itertools
+import json
 
 import pytest
 from testutil import run_cli
 
-from dapo_async.bench.ladder_bench import NAIVE_GRPO, async_arms, paper_arms, summarize_arm
+from dapo_async.bench.ladder_bench import (
+    NAIVE_GRPO,
+    async_arms,
+    paper_arms,
+    read_curve,
+    summarize_arm,
+)
 from dapo_async.config import load_config
 
 
@@ -58,6 +65,28 @@ def test_summary_counts_time_to_target_and_misses():
     assert s["after_std"] == pytest.approx(0.2121, abs=1e-3)
     assert s["seconds_to_target"] == pytest.approx((10 + 30) / 2)  # a miss counts its whole run
     assert s["missed_target"] == 1 and s["steps_mean"] == 11
+
+
+def test_read_curve_merges_the_evaluator_and_takes_training_seconds_per_step(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    learner = [
+        {"step": 0, "eval/accuracy": 0.2},
+        *({"step": s, "learner/train_seconds": 2.0 * s} for s in range(1, 11)),
+        {"step": 10, "eval/accuracy": 0.9},
+    ]
+    evaluator = [{"step": 5, "eval/accuracy": 0.7}, {"step": 10, "eval/accuracy": 0.85}]
+    for role, recs in (("learner", learner), ("evaluator", evaluator)):
+        (metrics / f"{role}.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    (tmp_path / "eval_after.json").write_text(json.dumps({"eval/accuracy": 0.9}))
+    (tmp_path / "learner_summary.json").write_text(
+        json.dumps({"steps": 10, "seconds": 25.0, "train_seconds": 21.0})
+    )
+    r = read_curve(tmp_path)
+    assert r["steps"] == [0, 5, 10]
+    assert r["accuracy"] == [0.2, 0.7, 0.9]  # the learner's own figure wins at step 10
+    assert r["seconds"] == [0.0, 10.0, 20.0]
+    assert summarize_arm([r], target=0.6)["seconds_to_target"] == 10.0
 
 
 def test_bad_override_fails_before_training(tmp_path, repo, cli_env):
