@@ -36,14 +36,16 @@ class Valid:
             return f"one of {list(self.choices)}"
         if self.nonempty:
             return "not empty"
-        low = (">= ", self.ge) if self.ge is not None else ("> ", self.gt)
-        high = ("<= ", self.le) if self.le is not None else ("< ", self.lt)
-        if low[1] is not None and high[1] is not None:
-            left = "[" if low[0] == ">= " else "("
-            right = "]" if high[0] == "<= " else ")"
-            return f"in {left}{low[1]}, {high[1]}{right}"
-        op, bound = low if low[1] is not None else high
-        return f"{op}{bound}"
+        has_low = self.ge is not None or self.gt is not None
+        has_high = self.le is not None or self.lt is not None
+        if has_low and has_high:
+            left = f"[{self.ge}" if self.ge is not None else f"({self.gt}"
+            right = f"{self.le}]" if self.le is not None else f"{self.lt})"
+            return f"in {left}, {right}"
+        for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt)):
+            if bound is not None:
+                return f"{op} {bound}"
+        return "any value"
 
     def accepts(self, value: Any) -> bool:
         if self.choices:
