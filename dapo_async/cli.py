@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from dapo_async.bench.options import BENCHES
+
 
 class CliError(Exception):
     """A failure reported as one line on stderr with exit status 1."""
@@ -52,31 +54,6 @@ def cmd_keys(args: argparse.Namespace) -> int:
     print(f"authorized client keys: {paths['authorized']}/")
     print(f"Set launch.curve_keys_dir={args.out} on every role.")
     return 0
-
-
-# `dapo-async bench WHAT`: the module whose ``main(args)`` runs it (imported on use).
-BENCHES = {
-    "transport": "dapo_async.bench.transport_bench",
-    "buffer": "dapo_async.bench.buffer_bench",
-    "generator": "dapo_async.bench.generator_bench",
-    "weights": "dapo_async.bench.weights_bench",
-    "async": "dapo_async.bench.async_bench",
-    "ablation": "dapo_async.bench.ablation_bench",
-    "learn": "dapo_async.bench.learn_bench",
-    "ladder": "dapo_async.bench.ladder_bench",
-    "faults": "dapo_async.bench.faults_bench",
-    "logprobs": "dapo_async.bench.logprobs_bench",
-    "packing": "dapo_async.bench.packing_bench",
-}
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.config is None:
-        args.config = {
-            "ladder": "configs/tiny_long.yaml",
-            "async": "configs/tiny_longtail.yaml" if args.workload == "longtail" else None,
-        }.get(args.what) or "configs/tiny_cpu.yaml"
-    return _lazy(BENCHES[args.what], "main")(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,101 +173,14 @@ def _add_admin(sub) -> None:
 
 
 def _add_bench(sub) -> None:
-    """bench WHAT: one argument table shared by every bench (each reads the options it names)."""
+    """bench WHAT: one sub-command a bench, each with its own options (bench/options.py)."""
     p = sub.add_parser("bench", help="throughput benchmarks (print figures; --json for one line)")
-    p.add_argument("what", choices=list(BENCHES))
-    p.add_argument("--json", action="store_true", help="end with one JSON line")
-    p.add_argument(
-        "--seconds",
-        type=float,
-        default=None,
-        help="time per measurement (transport 2, generator 3)",
-    )
-    p.add_argument("--batch", type=int, default=32, help="groups per batched message")
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=4,
-        help="generator, packing: interleaved rounds; weights: repetitions",
-    )
-    p.add_argument("--bucket-mb", type=int, default=64, help="weights: flat bucket size")
-    p.add_argument("--backend", default="gloo", help="weights: gloo | nccl")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="async: learner steps per run (default 24); ablation: (default: the config's)",
-    )
-    p.add_argument("--staleness", type=int, default=2, help="async: max_staleness of the async run")
-    p.add_argument(
-        "--workload",
-        choices=("default", "longtail"),
-        default="default",
-        help="async: default (sync vs async on the config) or longtail (sync, async batch "
-        "generation and async stream generation on configs/tiny_longtail.yaml)",
-    )
-    p.add_argument(
-        "--out", default="", help="async, ablation, learn, ladder: folder for the run directories"
-    )
-    p.add_argument("--engine", default="", help="generator: hf | vllm (default: the config's)")
-    p.add_argument(
-        "--config",
-        default=None,
-        help="the run config (default configs/tiny_cpu.yaml; ladder: configs/tiny_long.yaml); "
-        "ablation: the DAPO arm",
-    )
-    p.add_argument(
-        "--baseline",
-        default="configs/tiny_grpo_naive.yaml",
-        help="ablation: the naive-GRPO arm",
-    )
-    p.add_argument("--seeds", default="0,1,2", help="ablation, ladder: seeds, one run per arm each")
-    p.add_argument("--init-seeds", default="0,1,2", help="learn: tiny-policy init seeds")
-    p.add_argument("--rl-seeds", default="0,1", help="learn: RL seeds per init seed")
-    p.add_argument(
-        "--cache-root", default=".cache", help="learn: tiny policies go to CACHE_ROOT/tiny-seedS"
-    )
-    p.add_argument(
-        "--fresh", action="store_true", help="learn: delete the cached tiny policies first"
-    )
-    p.add_argument(
-        "--ladder",
-        default="paper",
-        choices=["paper", "async"],
-        help="ladder: paper (naive GRPO → DAPO, one component at a time, cumulative) or async "
-        "(max_staleness 0,1,2,4 × decoupled / naive objective at one wall-clock budget)",
-    )
-    p.add_argument(
-        "--budget-s", type=float, default=60.0, help="ladder --ladder async: seconds of training"
-    )
-    p.add_argument(
-        "--target", type=float, default=0.6, help="ladder: held-out accuracy for time-to-target"
-    )
-    p.add_argument(
-        "--eval-every", type=int, default=5, help="ablation: held-out evaluation period (steps)"
-    )
-    p.add_argument(
-        "--components",
-        action="store_true",
-        help="ablation: also naive GRPO plus one DAPO component at a time",
-    )
-    p.add_argument(
-        "--sync",
-        action="store_true",
-        help="ablation: also DAPO synchronous (buffer.max_staleness=0), for the async gap",
-    )
-    p.add_argument(
-        "--stream",
-        action="store_true",
-        help="ablation: also DAPO with generator.mode=batch and =stream, for the stream gap",
-    )
-    p.add_argument("--response-tokens", type=int, default=8192, help="logprobs: response length")
-    p.add_argument("--vocab", type=int, default=32768, help="logprobs: vocabulary size")
-    p.add_argument("--chunk", type=int, default=1024, help="logprobs: positions per chunk")
-    p.add_argument(
-        "overrides", nargs="*", help="generator, async, ablation, learn, ladder: config overrides"
-    )
-    p.set_defaults(func=cmd_bench)
+    benches = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    for name, bench in BENCHES.items():
+        b = benches.add_parser(name, help=bench.help, description=bench.help)
+        b.add_argument("--json", action="store_true", help="end with one JSON line")
+        bench.add_options(b)
+        b.set_defaults(func=_lazy(bench.module, "main"))
 
 
 def _add_tools(sub) -> None:

@@ -1,8 +1,13 @@
-"""Docs kept true: the README's command table names every `dapo-async` subcommand."""
+"""Docs kept true: the README's command table names every `dapo-async` subcommand and bench,
+and every bench command the docs show parses."""
 
 import re
+import shlex
 from pathlib import Path
 
+import pytest
+
+from dapo_async.bench.options import BENCHES
 from dapo_async.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,3 +23,42 @@ def test_readme_command_table_lists_every_subcommand():
     }
     missing = sorted(set(sub.choices) - listed)
     assert not missing, f"README's command table lacks: {missing}"
+
+
+def _documented_bench_commands() -> list[str]:
+    """Every `dapo-async bench …` in the README and docs/, optional parts taken as written
+    (``[--fresh]`` → ``--fresh``, ``[--ladder paper\\|async]`` → ``--ladder paper``)."""
+    commands = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for span in re.findall(r"`(dapo-async bench [^`]*)`", path.read_text()):
+            cmd = " ".join(span.split()).replace("[k=v]", "").replace("\\|", "|")
+            cmd = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split("|")[0], cmd)
+            commands.append((path.name, cmd))
+    return commands
+
+
+def test_every_documented_bench_command_parses():
+    """Each bench takes only its own options, so a doc that names an option the bench lacks
+    (or a bench that is gone) fails here rather than on a reader's machine."""
+    parser = build_parser()
+    commands = _documented_bench_commands()
+    assert len({cmd.split()[2] for _, cmd in commands}) >= 11, commands
+    for where, cmd in commands:
+        try:
+            parser.parse_args(shlex.split(cmd)[1:])
+        except SystemExit:
+            pytest.fail(f"{where}: `{cmd}` does not parse")
+
+
+def test_readme_lists_every_bench():
+    readme = (REPO / "README.md").read_text()
+    missing = [name for name in BENCHES if f"`dapo-async bench {name}" not in readme]
+    assert not missing, f"README's bench table lacks: {missing}"
+
+
+def test_a_bench_refuses_another_benchs_option(capsys):
+    parser = build_parser()
+    assert parser.parse_args(["bench", "ablation", "--stream"]).stream
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "transport", "--stream"])
+    assert "--stream" in capsys.readouterr().err

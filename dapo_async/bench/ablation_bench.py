@@ -74,7 +74,7 @@ def make_arms(args) -> dict[str, tuple[str, list[str]]]:
     }
     if args.sync:
         arms["dapo_sync"] = (args.config, ["buffer.max_staleness=0"])
-    if getattr(args, "stream", False):
+    if args.stream:
         arms["dapo_batch"] = (args.config, ["generator.mode=batch"])
         arms["dapo_stream"] = (args.config, ["generator.mode=stream"])
     if args.components:

@@ -36,6 +36,7 @@ from dapo_async.bench.common import (
     run_train,
     window_rates,
 )
+from dapo_async.bench.options import DEFAULT_CONFIG, LONGTAIL_CONFIG
 from dapo_async.bench.stats import ks_two_sample, quantile
 
 
@@ -110,6 +111,8 @@ DEFAULT_STEPS = 24
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.config is None:
+        args.config = LONGTAIL_CONFIG if args.workload == "longtail" else DEFAULT_CONFIG
     steps = DEFAULT_STEPS if args.steps is None else args.steps
     base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-async-"))
@@ -118,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"bench async: --steps must be at least {skip + 2} for --staleness {args.staleness}"
         )
-    if getattr(args, "workload", "default") == "longtail":
+    if args.workload == "longtail":
         return longtail(args, steps, root)
     sync = run_job(args.config, [*base, "buffer.max_staleness=0"], root / "sync", skip)
     asyn = run_job(
