@@ -33,7 +33,8 @@ def _documented_bench_commands() -> list[str]:
         for span in re.findall(r"`(dapo-async bench [^`]*)`", path.read_text()):
             cmd = " ".join(span.split()).replace("[k=v]", "").replace("\\|", "|")
             cmd = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split("|")[0], cmd)
-            commands.append((path.name, cmd))
+            if not cmd.split()[2].isupper():  # `bench WHAT --help` names no bench
+                commands.append((path.name, cmd))
     return commands
 
 
