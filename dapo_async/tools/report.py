@@ -25,115 +25,97 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from dapo_async.tools.report_dists import write_distributions
 
-# A line: (role prefix, metric, label); a panel: (y label, [lines]);
-# a figure: file name → (title, [panels], x = "step" | "time").
-Line = tuple[str, str, str]
-Panel = tuple[str, list[Line]]
-ACC = ("learner", "rollout/sampled_accuracy", "accuracy of all sampled responses")
-HELDOUT = [
-    ("learner", "eval/accuracy", "held-out accuracy"),
-    ("evaluator", "eval/accuracy", "held-out accuracy (evaluator)"),
-]
-PLOTS: dict[str, tuple[str, list[Panel], str]] = {
-    "summary.png": (
+
+@dataclass(frozen=True)
+class Figure:
+    """One PNG: panels by y label, each {series: legend label}; a series is a metric of the
+    learner's records (``train/loss``) or ``role:metric`` (``gen:generator/tokens_per_s``: every
+    metrics file whose role starts with ``gen``); x is ``step`` or ``time``."""
+
+    title: str
+    panels: dict[str, dict[str, str]]
+    x: str = "step"
+
+
+ACC = {"rollout/sampled_accuracy": "accuracy of all sampled responses"}
+HELDOUT = {
+    "eval/accuracy": "held-out accuracy",
+    "evaluator:eval/accuracy": "held-out accuracy (evaluator)",
+}
+REWARD = {"rollout/reward_mean": "reward of trained groups"}
+PLOTS: dict[str, Figure] = {
+    "summary.png": Figure(
         "Summary",
-        [
-            ("accuracy", [ACC, *HELDOUT]),
-            ("learner samples/s", [("learner", "learner/samples_per_s", "samples/s")]),
-            ("reward", [("learner", "rollout/reward_mean", "reward of trained groups")]),
-            ("learner idle ratio", [("learner", "learner/idle_ratio", "idle")]),
-        ],
-        "step",
+        {
+            "accuracy": {**ACC, **HELDOUT},
+            "learner samples/s": {"learner/samples_per_s": "samples/s"},
+            "reward": REWARD,
+            "learner idle ratio": {"learner/idle_ratio": "idle"},
+        },
     ),
-    "reward_accuracy.png": (
+    "reward_accuracy.png": Figure(
         "Reward and accuracy",
-        [
-            (
-                "accuracy",
-                [
-                    ACC,
-                    ("learner", "rollout/trained_accuracy", "accuracy of trained groups"),
-                    *HELDOUT,
-                ],
-            ),
-            ("reward", [("learner", "rollout/reward_mean", "reward of trained groups")]),
-        ],
-        "step",
+        {
+            "accuracy": {
+                **ACC,
+                "rollout/trained_accuracy": "accuracy of trained groups",
+                **HELDOUT,
+            },
+            "reward": REWARD,
+        },
     ),
-    "response_length.png": (
+    "response_length.png": Figure(
         "Response length",
-        [
-            (
-                "tokens",
-                [
-                    ("learner", "rollout/response_len_mean", "mean"),
-                    ("learner", "rollout/response_len_max", "max"),
-                ],
-            ),
-            ("fraction truncated", [("learner", "rollout/clip_ratio", "truncated")]),
-        ],
-        "step",
+        {
+            "tokens": {"rollout/response_len_mean": "mean", "rollout/response_len_max": "max"},
+            "fraction truncated": {"rollout/clip_ratio": "truncated"},
+        },
     ),
-    "staleness.png": (
+    "staleness.png": Figure(
         "Staleness of trained tokens",
-        [
-            (
-                "versions behind",
-                [("learner", "staleness/mean", "mean"), ("learner", "staleness/max", "max")],
-            )
-        ],
-        "step",
+        {"versions behind": {"staleness/mean": "mean", "staleness/max": "max"}},
     ),
-    "training.png": (
+    "training.png": Figure(
         "Training dynamics",
-        [
-            ("loss", [("learner", "train/loss", "loss")]),
-            ("entropy (nats)", [("learner", "train/entropy", "entropy")]),
-            ("KL to π_prox", [("learner", "train/approx_kl_prox", "approx KL")]),
-            ("grad norm", [("learner", "train/grad_norm", "grad norm")]),
-            (
-                "clip fraction",
-                [
-                    ("learner", "train/pg_clip_frac_low", "clipped low"),
-                    ("learner", "train/pg_clip_frac_high", "clipped high"),
-                    ("learner", "train/dual_clip_frac", "dual clip"),
-                ],
-            ),
-            (
-                "importance weight",
-                [
-                    ("learner", "train/is_weight_mean", "mean"),
-                    ("learner", "train/is_weight_max", "max"),
-                    ("learner", "train/ratio_mean", "π/π_prox mean"),
-                ],
-            ),
-        ],
-        "step",
+        {
+            "loss": {"train/loss": "loss"},
+            "entropy (nats)": {"train/entropy": "entropy"},
+            "KL to π_prox": {"train/approx_kl_prox": "approx KL"},
+            "grad norm": {"train/grad_norm": "grad norm"},
+            "clip fraction": {
+                "train/pg_clip_frac_low": "clipped low",
+                "train/pg_clip_frac_high": "clipped high",
+                "train/dual_clip_frac": "dual clip",
+            },
+            "importance weight": {
+                "train/is_weight_mean": "mean",
+                "train/is_weight_max": "max",
+                "train/ratio_mean": "π/π_prox mean",
+            },
+        },
     ),
-    "throughput.png": (
+    "throughput.png": Figure(
         "Throughput",
-        [
-            ("learner samples/s", [("learner", "learner/samples_per_s", "learner")]),
-            ("generator tokens/s", [("gen", "generator/tokens_per_s", "generator")]),
-        ],
-        "time",
+        {
+            "learner samples/s": {"learner/samples_per_s": "learner"},
+            "generator tokens/s": {"gen:generator/tokens_per_s": "generator"},
+        },
+        x="time",
     ),
-    "idle.png": (
+    "idle.png": Figure(
         "Idle ratios",
-        [
-            (
-                "fraction of time",
-                [
-                    ("learner", "learner/idle_ratio", "learner"),
-                    ("gen", "generator/idle_ratio", "generator"),
-                ],
-            )
-        ],
-        "time",
+        {
+            "fraction of time": {
+                "learner/idle_ratio": "learner",
+                "gen:generator/idle_ratio": "generator",
+            }
+        },
+        x="time",
     ),
 }
 
@@ -158,10 +140,12 @@ def _xy(records: list[dict], metric: str, x: str, t0: float) -> tuple[list[float
     return [p[0] - off for p in pts], [p[1] for p in pts]
 
 
-def _draw_panel(ax, runs: dict[str, dict], lines: list[Line], x: str, starts: dict) -> int:
+def _draw_panel(ax, runs: dict[str, dict], lines: dict[str, str], x: str, starts: dict) -> int:
     drawn = 0
     for run_name, series in runs.items():
-        for prefix, metric, label in lines:
+        for line, label in lines.items():
+            prefix, _, metric = line.rpartition(":")
+            prefix = prefix or "learner"
             for role, recs in series.items():
                 if not role.startswith(prefix):
                     continue
@@ -176,7 +160,8 @@ def _draw_panel(ax, runs: dict[str, dict], lines: list[Line], x: str, starts: di
     return drawn
 
 
-def _figure(plt, title: str, panels: list[Panel], x: str, runs: dict, starts: dict):
+def _figure(plt, figure: Figure, runs: dict, starts: dict):
+    title, panels, x = figure.title, list(figure.panels.items()), figure.x
     cols = 2 if len(panels) > 1 else 1
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
@@ -213,8 +198,8 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> tuple[list[Path], list[
         starts[run_dir.name] = min(times) if times else 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
-    for name, (title, panels, x) in PLOTS.items():
-        fig, drawn = _figure(plt, title, panels, x, runs, starts)
+    for name, figure in PLOTS.items():
+        fig, drawn = _figure(plt, figure, runs, starts)
         if not drawn:
             plt.close(fig)
             skipped.append(name)
