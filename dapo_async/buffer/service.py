@@ -60,6 +60,8 @@ class BufferService:
         self.limits = limits
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}
+        # generator id -> (weights version, outbox size) from its latest heartbeat
+        self.generator_views: dict[str, tuple[int, int]] = {}
         self.wal: wal.WriteAheadLog | None = None
         if wal_path is not None:
             self._recover(Path(wal_path))
@@ -141,6 +143,7 @@ class BufferService:
 
     def _on_heartbeat(self, msg: protocol.Heartbeat) -> None:
         self.state.heartbeat(msg.sender)
+        self.generator_views[msg.sender] = (msg.version, msg.outbox_size)
 
     def _on_lease_request(self, msg: protocol.LeaseRequest) -> protocol.Message:
         s = self.state
@@ -280,7 +283,24 @@ class BufferService:
     def stats(self) -> dict[str, float]:
         out = self.state.stats()
         out.update({f"buffer/malformed_{k}": float(v) for k, v in self.malformed.items()})
+        out.update(self.generator_stats(time.monotonic()))
         return out
+
+    def generator_stats(self, now: float) -> dict[str, float]:
+        """The generators heard from within ``lease_timeout_s`` (as their heartbeats say): how
+        many, how many versions the oldest weights among them trail the learner, and how many
+        sent groups wait in their outboxes for an ack."""
+        timeout = self.state.cfg.lease_timeout_s
+        seen = self.state.generators
+        live = [g for g, v in self.generator_views.items() if now - seen.get(g, -timeout) < timeout]
+        if not live:
+            return {}
+        versions = [self.generator_views[g][0] for g in live]
+        return {
+            "buffer/generators_live": float(len(live)),
+            "buffer/generator_version_lag_max": float(max(0, self.state.version - min(versions))),
+            "buffer/generator_outbox": float(sum(self.generator_views[g][1] for g in live)),
+        }
 
     def close(self) -> None:
         if self.wal is not None:

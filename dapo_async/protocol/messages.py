@@ -57,7 +57,10 @@ class Hello(Message):
 
 @dataclass
 class Heartbeat(Message):
-    """Any role → buffer, periodically; keeps leases alive."""
+    """Generator → buffer, periodically: keeps its leases alive and says how it stands
+    (``version``: the weights it holds; ``outbox_size``: groups sent and not yet acknowledged),
+    which the buffer reports as ``buffer/generator_version_lag_max`` and
+    ``buffer/generator_outbox``."""
 
     KIND: ClassVar[str] = "heartbeat"
     sender: str

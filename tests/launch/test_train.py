@@ -592,3 +592,13 @@ def test_every_emitted_metric_is_documented(finished_run, repo):
     assert len(keys) > 40
     missing = sorted(k for k in keys if not any(p.match(k) for p in patterns))
     assert not missing, f"emitted but not in docs/metrics.md: {missing}"
+
+
+@pytest.mark.slow
+def test_the_buffer_reports_its_generators(finished_run):
+    """The generator's heartbeats reach the buffer's metrics: one live generator, its lag."""
+    run, summary = finished_run
+    records = [json.loads(x) for x in (run / "metrics" / "buffer.jsonl").read_text().splitlines()]
+    live = [r for r in records if "buffer/generators_live" in r]
+    assert live and all(r["buffer/generators_live"] == 1.0 for r in live)
+    assert all(0 <= r["buffer/generator_version_lag_max"] <= summary["steps"] for r in live)
