@@ -180,7 +180,7 @@ def _add_bench(sub) -> None:
         b = benches.add_parser(name, help=bench.help, description=bench.help)
         b.add_argument("--json", action="store_true", help="end with one JSON line")
         bench.add_options(b)
-        b.set_defaults(func=_lazy(bench.module, "main"))
+        b.set_defaults(func=_lazy(bench.module, "main"), parser=b)
 
 
 def _add_tools(sub) -> None:
@@ -233,7 +233,10 @@ def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the sub-command that got them, with its usage (`bench transport …`)
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     from dapo_async.config import ConfigError
     from dapo_async.transport import SecurityError
 
