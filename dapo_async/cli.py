@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (_add_roles, _add_model_commands, _add_admin, _add_bench, _add_tools):
         add(sub)
+    for command in sub.choices.values():  # reports what it does not take (main); benches: each
+        command.set_defaults(parser=command)
     return parser
 
 
@@ -180,7 +182,7 @@ def _add_bench(sub) -> None:
         b = benches.add_parser(name, help=bench.help, description=bench.help)
         b.add_argument("--json", action="store_true", help="end with one JSON line")
         bench.add_options(b)
-        b.set_defaults(func=_lazy(bench.module, "main"), parser=b)
+        b.set_defaults(func=_lazy(bench.module, "main"), parser=b)  # over bench's own
 
 
 def _add_tools(sub) -> None:
