@@ -45,7 +45,7 @@ from dapo_async.reward.verifiers import dapo_math_lenient, extract_answer
 from dapo_async.tiny.tokenizer import build_tokenizer
 
 META_NAME = "tiny_meta.json"
-BUILD_VERSION = 5
+BUILD_VERSION = 6  # 6: BUILD_THREADS always (5 followed OMP_NUM_THREADS)
 SFT_BATCH = 64
 SFT_LR = 3e-3
 # Linear warm-up of the warm start's learning rate. AdamW at the full rate from step 0 stalled
@@ -69,7 +69,10 @@ SFT_DIFFICULTY = 3
 # shortcut, so RL starts from low accuracy with a clear signal to learn from (docs/quickstart.md).
 SFT_CORRUPT_P = 0.7
 EVAL_PROMPTS = 256
-# Torch threads of a build alone on the machine (more than 2 gains nothing at this size).
+# Torch threads of every build, whatever OMP_NUM_THREADS or the core count: the thread count
+# splits the matmuls' sums, so it decides the warm start's rounding (on one CPU, seed 0 met the
+# criterion after 300 steps at 1 thread and after 200 at 2; docs/results.md). Fixed, one CPU
+# builds one tiny policy. More than 2 gains nothing at this size.
 BUILD_THREADS = 2
 # Response budget of the warm start's own decoding: a chain solution is 6 tokens a step plus
 # "Answer: X" and EOS; the margin lets a wrong, longer answer show as wrong rather than cut.
@@ -293,18 +296,38 @@ def build(
     log=print,
 ) -> dict:
     """Build (or reuse) the tiny model in ``out_dir``; returns its metadata. ``sft_steps=None``
-    warm-starts until the criterion (see the module docstring)."""
+    warm-starts until the criterion (see the module docstring), at ``BUILD_THREADS`` torch
+    threads (the caller's count is restored after)."""
     import torch
-
-    from dapo_async.tiny.model import build_model, tiny_config
 
     out = Path(out_dir)
     max_difficulty = max_difficulty if max_difficulty > difficulty else 0
     fp = fingerprint(seed, task, sft_steps, difficulty, max_difficulty)
     if not force and is_built(out, fp):
         return _reuse(out, log)
-    if "OMP_NUM_THREADS" not in os.environ:  # set by the caller: respect it (shared cores)
-        torch.set_num_threads(max(1, min(BUILD_THREADS, os.cpu_count() or 1)))
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        meta = _build(out, fp, seed, task, sft_steps, difficulty, max_difficulty, log)
+    finally:
+        torch.set_num_threads(caller_threads)
+    return meta
+
+
+def _build(
+    out: Path,
+    fp: dict,
+    seed: int,
+    task: str,
+    sft_steps: int | None,
+    difficulty: int,
+    max_difficulty: int,
+    log,
+) -> dict:
+    import torch
+
+    from dapo_async.tiny.model import build_model, tiny_config
+
     tmp = out.with_name(out.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
