@@ -50,6 +50,12 @@ class DataConfig:
     )
     num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).", gt=0)
     num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).", gt=0)
+    eval_seed: int = F(
+        0,
+        "Seed of a built-in task's held-out sample: fixed, so runs that differ in `seed` are "
+        "scored on the same prompts; -1 = the run's `seed`.",
+        ge=-1,
+    )
     difficulty: int = F(
         2, "Built-in tasks: number of digits per operand (arith) or steps (chain).", ge=1, le=12
     )

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo_async.data.tasks import PromptRecord, generate, parse_source
+
+if TYPE_CHECKING:
+    from dapo_async.config import DataConfig
 
 
 class DataError(ValueError):
@@ -76,6 +79,14 @@ def load_source(
     if family is not None:
         return generate(family, split, num, difficulty, seed, max_difficulty)
     return load_file(source)
+
+
+def load_heldout(data: DataConfig, run_seed: int) -> list[PromptRecord]:
+    """A run's held-out records: ``data.eval_source``, else the held-out split of
+    ``data.source``; a built-in task's sample is drawn with ``data.eval_seed`` (-1: the run's)."""
+    seed = run_seed if data.eval_seed < 0 else data.eval_seed
+    source = data.eval_source or data.source
+    return load_source(source, "eval", data.num_eval, data.difficulty, seed, data.max_difficulty)
 
 
 def group_repeats(records: list[PromptRecord]) -> list[tuple[PromptRecord, int]]:

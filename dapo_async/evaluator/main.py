@@ -34,15 +34,12 @@ def main(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dapo_async import eval_snapshots
-    from dapo_async.data.datasets import load_source
+    from dapo_async.data.datasets import load_heldout
     from dapo_async.evaluation import evaluate_records
     from dapo_async.tracking import Tracker
 
     run_dir = cfg.resolved_run_dir
-    d = cfg.data
-    records = load_source(
-        d.eval_source or d.source, "eval", d.num_eval, d.difficulty, cfg.seed, d.max_difficulty
-    )
+    records = load_heldout(cfg.data, cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.source_dir)
     tok = AutoTokenizer.from_pretrained(cfg.model.source_dir)
     tracker = Tracker.for_role(cfg, "evaluator")

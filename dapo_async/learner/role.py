@@ -30,7 +30,7 @@ import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dapo_async import checkpoint_dirs, eval_snapshots, protocol, transport
-from dapo_async.data.datasets import load_source
+from dapo_async.data.datasets import load_heldout
 from dapo_async.devices import learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
 from dapo_async.keys import run_keys_dir
@@ -108,11 +108,7 @@ class Learner:
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
             self.publisher = make_publisher(cfg, self.run_dir, self.device)
-            d = cfg.data
-            source = d.eval_source or d.source
-            self.eval_records = load_source(
-                source, "eval", d.num_eval, d.difficulty, cfg.seed, d.max_difficulty
-            )
+            self.eval_records = load_heldout(cfg.data, cfg.seed)
         return self
 
     def _load_models(self):

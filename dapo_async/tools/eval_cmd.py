@@ -50,7 +50,7 @@ def _engine(args, cfg, model_dir: str):
 
 
 def main(args: argparse.Namespace) -> int:
-    from dapo_async.data.datasets import load_source
+    from dapo_async.data.datasets import load_heldout
     from dapo_async.roles import set_threads
 
     cfg = eval_config(args)
@@ -59,9 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
     from dapo_async.evaluation import evaluate_engine
 
-    d = cfg.data
-    source = d.eval_source or d.source
-    records = load_source(source, "eval", d.num_eval, d.difficulty, cfg.seed, d.max_difficulty)
+    records = load_heldout(cfg.data, cfg.seed)
     model_dir = args.model or cfg.model.source_dir
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = _engine(args, cfg, model_dir)
@@ -84,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
         "temperature": cfg.generator.eval_temperature,
         "response_len_mean": res["eval/response_len_mean"],
         "engine": args.engine,
-        "data": source,
+        "data": cfg.data.eval_source or cfg.data.source,
         "per_source": _per_source(res),
     }
     print(

@@ -153,3 +153,19 @@ def test_max_difficulty_is_validated():
 
     with pytest.raises((ConfigError, ValueError), match="max_difficulty"):
         load_config("configs/tiny_cpu.yaml", ["data.max_difficulty=2"])  # below difficulty 3
+
+
+def test_the_heldout_sample_is_fixed_across_run_seeds_unless_asked():
+    from dapo_async.config import DataConfig
+    from dapo_async.data.datasets import load_heldout
+
+    def prompts(data, run_seed):
+        return [r.messages[0]["content"] for r in load_heldout(data, run_seed)]
+
+    data = DataConfig(source="tiny:chain", difficulty=3, num_eval=64)
+    assert prompts(data, 0) == prompts(data, 1)  # eval_seed 0: the same prompts for every run
+    data.eval_seed = -1
+    assert prompts(data, 0) != prompts(data, 1)  # the run's seed draws them
+    assert prompts(data, 0) == prompts(DataConfig(source="tiny:chain", difficulty=3, num_eval=64), 5)
+    data.eval_source = "tiny:arith"  # eval_source wins over source
+    assert all(set(p) <= set("0123456789+-*=") for p in prompts(data, 0))
