@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     return out
 
 
-def longtail(args: argparse.Namespace, steps: int, root: Path) -> int:
+def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     """Synchronous, asynchronous batch and asynchronous stream generation, one run each."""
     base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
     skip = 1 + args.staleness
@@ -94,40 +95,29 @@ def longtail(args: argparse.Namespace, steps: int, root: Path) -> int:
     r = res["stream"]
     out["response_len"] = {k: r[f"len_{k}"] for k in ("min", "p05", "p95", "max")}
     out["run_dirs"] = [str(root / name) for name in runs]
-    return print_result(
+    return out
+
+
+def longtail_summary(out: dict) -> str:
+    return (
         f"longtail: sync {out['samples_per_s_sync']:.1f}, batch {out['samples_per_s_batch']:.1f}, "
         f"stream {out['samples_per_s_stream']:.1f} samples/s; stream/batch "
         f"{out['speedup_stream_vs_batch']:.2f}x; learner idle stream "
         f"{out['learner_idle_stream']:.2f}; occupancy batch {out['engine_occupancy_batch']:.2f} "
         f"stream {out['engine_occupancy_stream']:.2f}; KS(trained vs qualified lengths) stream "
-        f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})",
-        out,
-        args.json,
+        f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
     )
 
 
-# Learner steps per run unless --steps says otherwise.
-DEFAULT_STEPS = 24
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.config is None:
-        args.config = LONGTAIL_CONFIG if args.workload == "longtail" else DEFAULT_CONFIG
-    steps = DEFAULT_STEPS if args.steps is None else args.steps
+def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
+    """Synchronous (max_staleness 0) and asynchronous training on the config, one run each."""
     base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
-    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-async-"))
     skip = 1 + args.staleness
-    if steps < skip + 2:
-        raise SystemExit(
-            f"bench async: --steps must be at least {skip + 2} for --staleness {args.staleness}"
-        )
-    if args.workload == "longtail":
-        return longtail(args, steps, root)
     sync = run_job(args.config, [*base, "buffer.max_staleness=0"], root / "sync", skip)
     asyn = run_job(
         args.config, [*base, f"buffer.max_staleness={args.staleness}"], root / "async", skip
     )
-    out = {
+    return {
         "steps": steps,
         "steady_state_from_step": skip,
         "max_staleness": args.staleness,
@@ -142,11 +132,62 @@ def main(args: argparse.Namespace) -> int:
         "async_heldout_after": asyn.get("heldout_after"),
         "run_dirs": [str(root / "sync"), str(root / "async")],
     }
-    return print_result(
+
+
+def default_summary(out: dict) -> str:
+    return (
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
-        f"{out['sync_learner_idle']:.2f}); async (max_staleness={args.staleness}) "
+        f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
-        f"{out['async_learner_idle']:.2f}); speedup {out['speedup']:.2f}x",
-        out,
-        args.json,
+        f"{out['async_learner_idle']:.2f}); speedup {out['speedup']:.2f}x"
     )
+
+
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """One result from several rounds: each number is the median over the rounds (a ratio is
+    the median of each round's own ratio, measured within that round); lists and names come
+    from the first round; every round's result is kept under ``rounds``."""
+    out = dict(rounds[0])
+    if len(rounds) == 1:
+        return out
+    for key, value in rounds[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
+            out[key] = statistics.median(values)
+    out["run_dirs"] = [d for r in rounds for d in r["run_dirs"]]
+    out["rounds"] = rounds
+    return out
+
+
+# Learner steps per run unless --steps says otherwise.
+DEFAULT_STEPS = 24
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.config is None:
+        args.config = LONGTAIL_CONFIG if args.workload == "longtail" else DEFAULT_CONFIG
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-async-"))
+    skip = 1 + args.staleness
+    if steps < skip + 2:
+        raise SystemExit(
+            f"bench async: --steps must be at least {skip + 2} for --staleness {args.staleness}"
+        )
+    if args.rounds < 1:
+        raise SystemExit(f"bench async: --rounds must be at least 1, got {args.rounds}")
+    one_round, summary = (
+        (longtail_round, longtail_summary)
+        if args.workload == "longtail"
+        else (default_round, default_summary)
+    )
+    rounds = []
+    for i in range(args.rounds):
+        round_dir = root if args.rounds == 1 else root / f"round{i + 1}"
+        rounds.append(one_round(args, steps, round_dir))
+        if args.rounds > 1:
+            print(
+                f"[bench async] round {i + 1}/{args.rounds}: {summary(rounds[-1])}", file=sys.stderr
+            )
+    out = median_of_rounds(rounds)
+    word = f"median of {args.rounds} rounds: " if args.rounds > 1 else ""
+    return print_result(word + summary(out), out, args.json)

@@ -62,6 +62,12 @@ def _async(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="learner steps per run (24)")
     p.add_argument("--staleness", type=int, default=2, help="max_staleness of the async run")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the set of runs; figures are medians over rounds of each round's own ratio",
+    )
+    p.add_argument(
         "--workload",
         choices=("default", "longtail"),
         default="default",

@@ -9,6 +9,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+# Accepted values that several fields share (each field's doc says what its ``auto`` means).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16")
+BACKEND_CHOICES = ("auto", "gloo", "nccl")
+
 
 class ConfigError(ValueError):
     """A config value or key is invalid; the message starts with the dotted key path."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import F, _need
+from dapo_async.config.fields import BACKEND_CHOICES, DTYPE_CHOICES, F, _need
 
 
 @dataclass
@@ -47,7 +47,7 @@ class LearnerConfig:
     backend: str = F(
         "auto",
         "torch.distributed backend of the training world; auto = nccl on CUDA, else gloo.",
-        choices=("auto", "gloo", "nccl"),
+        choices=BACKEND_CHOICES,
     )
     collective_timeout_s: float = F(
         1800.0,
@@ -65,7 +65,7 @@ class LearnerConfig:
         "auto",
         "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
         "CUDA, float32 on CPU) | float32 | bfloat16.",
-        choices=("auto", "float32", "bfloat16"),
+        choices=DTYPE_CHOICES,
     )
     pack_sequences: bool = F(
         False,

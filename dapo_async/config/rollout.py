@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import F, _need
+from dapo_async.config.fields import DTYPE_CHOICES, F, _need
 
 
 @dataclass
@@ -34,7 +34,7 @@ class GeneratorConfig:
     dtype: str = F(
         "auto",
         "Engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.",
-        choices=("auto", "float32", "bfloat16"),
+        choices=DTYPE_CHOICES,
     )
     max_model_len: int = F(256, "vLLM: maximum sequence length.")
     cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")

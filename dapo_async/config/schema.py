@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_async.config.fields import F, S, _need, check_fields
+from dapo_async.config.fields import BACKEND_CHOICES, DTYPE_CHOICES, F, S, _need, check_fields
 from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import GeneratorConfig, RewardConfig
 
@@ -220,7 +220,7 @@ class WeightSyncConfig:
     backend: str = F(
         "auto",
         "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo).",
-        choices=("auto", "gloo", "nccl"),
+        choices=BACKEND_CHOICES,
     )
     endpoint: str = F(
         "",
@@ -232,7 +232,7 @@ class WeightSyncConfig:
         "dist mode: dtype the weights travel and are staged in: auto (= generator.dtype) | "
         "float32 | "
         "bfloat16 (half the bytes of float32).",
-        choices=("auto", "float32", "bfloat16"),
+        choices=DTYPE_CHOICES,
     )
     allow_unauthenticated_network: bool = F(
         False,

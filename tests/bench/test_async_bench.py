@@ -5,7 +5,7 @@ import json
 import pytest
 from testutil import run_cli
 
-from dapo_async.bench.async_bench import steady_state
+from dapo_async.bench.async_bench import median_of_rounds, steady_state
 
 
 def _write_steps(d, steps):
@@ -38,6 +38,24 @@ def test_steady_state_needs_two_steps_past_the_skip(tmp_path):
     _write_steps(tmp_path, [(1.0, 8, 0.0, 0.0), (2.0, 8, 0.0, 0.0)])
     with pytest.raises(RuntimeError, match="fewer than 3 learner steps"):
         steady_state(tmp_path, skip=1)
+
+
+def test_rounds_give_medians_of_each_rounds_own_ratio():
+    rounds = [
+        {"steps": 24, "sync_samples_per_s": 100.0, "async_samples_per_s": 150.0, "speedup": 1.5,
+         "heldout_before": None, "run_dirs": ["r1/sync", "r1/async"]},
+        {"steps": 24, "sync_samples_per_s": 80.0, "async_samples_per_s": 200.0, "speedup": 2.5,
+         "heldout_before": None, "run_dirs": ["r2/sync", "r2/async"]},
+        {"steps": 24, "sync_samples_per_s": 120.0, "async_samples_per_s": 190.0, "speedup": 190 / 120,
+         "heldout_before": None, "run_dirs": ["r3/sync", "r3/async"]},
+    ]  # fmt: skip
+    out = median_of_rounds(rounds)
+    # the median round's own ratio, not the ratio of the medians (190 / 100)
+    assert out["speedup"] == pytest.approx(190 / 120)
+    assert out["sync_samples_per_s"] == 100.0 and out["async_samples_per_s"] == 190.0
+    assert out["steps"] == 24 and out["heldout_before"] is None
+    assert out["rounds"] == rounds and len(out["run_dirs"]) == 6
+    assert median_of_rounds(rounds[:1]) == rounds[0]
 
 
 def test_too_few_steps_for_the_staleness_fails_before_training(tmp_path, repo, cli_env):
