@@ -234,11 +234,23 @@ def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line. Overrides may follow options (`train CONFIG --json a.b=1`: argparse
+    alone takes positionals in one run); anything else a sub-command does not take is reported
+    by that sub-command, with its usage (`bench transport …`), exit status 2."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the sub-command that got them, with its usage (`bench transport …`)
+    if unknown and isinstance(getattr(args, "overrides", None), list):
+        late = [a for a in unknown if "=" in a and not a.startswith("-")]
+        args.overrides = [*args.overrides, *late]
+        unknown = [a for a in unknown if a not in late]
+    if unknown:
         getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from dapo_async.config import ConfigError
     from dapo_async.transport import SecurityError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapo_async.bench.options import BENCHES
-from dapo_async.cli import build_parser, main
+from dapo_async.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,11 +56,3 @@ def test_readme_lists_every_bench():
     missing = [name for name in BENCHES if f"`dapo-async bench {name}" not in readme]
     assert not missing, f"README's bench table lacks: {missing}"
 
-
-def test_a_bench_refuses_another_benchs_option(capsys):
-    parser = build_parser()
-    assert parser.parse_args(["bench", "ablation", "--stream"]).stream
-    with pytest.raises(SystemExit):
-        main(["bench", "transport", "--stream"])
-    err = capsys.readouterr().err
-    assert "dapo-async bench transport: error: unrecognized arguments: --stream" in err
