@@ -19,6 +19,10 @@ of the engine's sequence slots doing useful work), ``speedup_stream_vs_batch``, 
 asynchronous mode, the two-sample KS statistic between the response lengths of the groups that
 qualified and of those trained (``ks_len_*``, ``ks_p_*``): a mode that favours fast responses
 trains shorter ones than it generates.
+
+``--rounds N`` runs the set N times (one folder a round) and reports each figure's median over
+the rounds, a ratio as the median of each round's own ratio; single runs of the long-tail set
+moved by ±0.1 in ``speedup_stream_vs_batch`` on one machine (docs/results.md).
 """
 
 from __future__ import annotations
