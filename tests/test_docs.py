@@ -55,4 +55,3 @@ def test_readme_lists_every_bench():
     readme = (REPO / "README.md").read_text()
     missing = [name for name in BENCHES if f"`dapo-async bench {name}" not in readme]
     assert not missing, f"README's bench table lacks: {missing}"
-

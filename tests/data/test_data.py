@@ -166,6 +166,8 @@ def test_the_heldout_sample_is_fixed_across_run_seeds_unless_asked():
     assert prompts(data, 0) == prompts(data, 1)  # eval_seed 0: the same prompts for every run
     data.eval_seed = -1
     assert prompts(data, 0) != prompts(data, 1)  # the run's seed draws them
-    assert prompts(data, 0) == prompts(DataConfig(source="tiny:chain", difficulty=3, num_eval=64), 5)
+    assert prompts(data, 0) == prompts(
+        DataConfig(source="tiny:chain", difficulty=3, num_eval=64), 5
+    )
     data.eval_source = "tiny:arith"  # eval_source wins over source
     assert all(set(p) <= set("0123456789+-*=") for p in prompts(data, 0))
