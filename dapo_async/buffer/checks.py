@@ -19,12 +19,7 @@ from dapo_async.protocol import Group
 # the operator's "client" key may send every kind. Without CurveZMQ nobody is identified and
 # every kind is accepted (launch.auth=false, loopback only).
 ROLE_MESSAGES: dict[str, tuple[type, ...]] = {
-    "generator": (
-        protocol.Hello,
-        protocol.Heartbeat,
-        protocol.LeaseRequest,
-        protocol.ScoredGroups,
-    ),
+    "generator": (protocol.GeneratorMessage, protocol.ScoredGroups),
     "learner": (protocol.BatchRequest, protocol.CheckpointNotice),
 }
 

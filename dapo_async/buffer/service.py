@@ -142,8 +142,8 @@ class BufferService:
         return protocol.Ack([], [])
 
     def _on_heartbeat(self, msg: protocol.Heartbeat) -> None:
-        self.state.heartbeat(msg.sender)
-        self.generator_views[msg.sender] = (msg.version, msg.outbox_size)
+        self.state.heartbeat(msg.generator_id)
+        self.generator_views[msg.generator_id] = (msg.version, msg.outbox_size)
 
     def _on_lease_request(self, msg: protocol.LeaseRequest) -> protocol.Message:
         s = self.state

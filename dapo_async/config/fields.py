@@ -1,5 +1,6 @@
-"""Building blocks of the config tree: documented fields (``F``, ``S``) with their valid values
-declared beside the default (``ge=1``, ``choices=(...)``), the check that enforces those
+"""Building blocks of the config tree: documented fields (``F``, ``S``, and ``Choice`` for a field
+taking one of a few named values) with their valid values declared beside the default
+(``ge=1``, ``choices=(...)``), the check that enforces those
 declarations (``check_fields``), the error that names the dotted key, and the helpers each
 section's ``check`` uses for rules that involve more than one field."""
 
@@ -74,6 +75,20 @@ def F(default: Any, doc: str, **valid: Any) -> Any:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def Choice(title: str, default: str, values: tuple[str, ...] = (), **meanings: str) -> Any:
+    """A field taking one of a few named values, each named once: ``values`` (or the keywords'
+    order) are the valid set, a keyword gives a value its meaning, and the doc reads
+    "title: a (meaning) | b | c." — so the doc and the check cannot disagree.
+
+    ``Choice("Transport", "dist", dist="torch.distributed group", disk="safetensors files")``
+    """
+    values = values or tuple(meanings)
+    unknown = set(meanings) - set(values)
+    assert not unknown and default in values, (default, values, unknown)  # a declaration error
+    listed = " | ".join(f"{v} ({meanings[v]})" if meanings.get(v) else v for v in values)
+    return F(default, f"{title}: {listed}.", choices=values)
 
 
 def S(cls: type, doc: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import BACKEND_CHOICES, DTYPE_CHOICES, F, _need
+from dapo_async.config.fields import BACKEND_CHOICES, DTYPE_CHOICES, Choice, F, _need
 
 
 @dataclass
@@ -14,19 +14,20 @@ class LearnerConfig:
     num_minibatches: int = F(2, "Gradient updates per rollout step (DAPO: several).", ge=1)
     micro_batch_tokens: int = F(4096, "Token budget of one forward/backward micro-batch.", ge=1)
     lr: float = F(2e-4, "AdamW learning rate after warm-up.", gt=0)
-    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).", ge=0)
-    betas: list = F([0.9, 0.99], "AdamW betas.")
-    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.", ge=0)
     warmup_steps: int = F(2, "Linear learning-rate warm-up, in learner steps.", ge=0)
-    lr_schedule: str = F(
-        "constant",
-        "Learning rate after warm-up: constant | linear (decay to lr × lr_min_ratio at "
-        "num_steps) | cosine (likewise, along a half cosine).",
-        choices=("constant", "linear", "cosine"),
-    )
     lr_min_ratio: float = F(
         0.0, "Floor of the linear and cosine schedules, as a fraction of lr.", ge=0, le=1
     )
+    lr_schedule: str = Choice(
+        "Learning rate after warm-up",
+        "constant",
+        constant="",
+        linear="decay to lr × lr_min_ratio at num_steps",
+        cosine="likewise, along a half cosine",
+    )
+    weight_decay: float = F(0.0, "AdamW weight decay (DAPO: 0.1 at scale).", ge=0)
+    betas: list = F([0.9, 0.99], "AdamW betas.")
+    grad_clip: float = F(1.0, "Global gradient-norm clip; 0 = off.", ge=0)
     time_budget_s: float = F(
         0.0,
         "Stop after the step that ends this many seconds after training started (the final "
@@ -44,10 +45,11 @@ class LearnerConfig:
         "weight snapshots the learner writes, off its critical path; false = on learner rank 0 "
         "between steps.",
     )
-    backend: str = F(
+    backend: str = Choice(
+        "torch.distributed backend of the training world",
         "auto",
-        "torch.distributed backend of the training world; auto = nccl on CUDA, else gloo.",
-        choices=BACKEND_CHOICES,
+        BACKEND_CHOICES,
+        auto="nccl on CUDA, else gloo",
     )
     collective_timeout_s: float = F(
         1800.0,
@@ -56,16 +58,14 @@ class LearnerConfig:
         "ends the run.",
         gt=0,
     )
-    param_dtype: str = F(
-        "float32",
-        "Master weights and AdamW state: float32 (keeps small updates) | bfloat16.",
-        choices=("float32", "bfloat16"),
+    param_dtype: str = Choice(
+        "Master weights and AdamW state", "float32", float32="keeps small updates", bfloat16=""
     )
-    compute_dtype: str = F(
+    compute_dtype: str = Choice(
+        "Forward/backward dtype (autocast; FSDP2 mixed precision)",
         "auto",
-        "Forward/backward dtype (autocast; FSDP2 mixed precision): auto (bfloat16 on "
-        "CUDA, float32 on CPU) | float32 | bfloat16.",
-        choices=DTYPE_CHOICES,
+        DTYPE_CHOICES,
+        auto="bfloat16 on CUDA, float32 on CPU",
     )
     pack_sequences: bool = F(
         False,

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dapo_async.config.fields import DTYPE_CHOICES, F, _need
+from dapo_async.config.fields import DTYPE_CHOICES, Choice, F, _need
 
 
 @dataclass
 class GeneratorConfig:
-    engine: str = F(
-        "hf",
-        "Inference engine: hf (transformers generate) | vllm (GPU or CPU build).",
-        choices=("hf", "vllm"),
+    engine: str = Choice(
+        "Inference engine", "hf", hf="transformers generate", vllm="GPU or CPU build"
     )
     num_generators: int = F(1, "Generator processes started by `dapo-async train`.", ge=1)
     responses_per_prompt: int = F(8, "G: responses sampled per prompt (one group).", ge=2)
@@ -26,35 +24,31 @@ class GeneratorConfig:
     max_tokens: int = F(24, "Maximum response length in tokens.", ge=1)
     eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.", ge=0)
     eval_top_p: float = F(1.0, "top_p for held-out evaluation.", gt=0, le=1)
-    logprobs_mode: str = F(
-        "processed",
-        "Behaviour log-probs: processed (after temperature/top-p) | raw.",
-        choices=("processed", "raw"),
+    logprobs_mode: str = Choice(
+        "Behaviour log-probs", "processed", processed="after temperature/top-p", raw=""
     )
-    dtype: str = F(
-        "auto",
-        "Engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16.",
-        choices=DTYPE_CHOICES,
+    dtype: str = Choice(
+        "Engine dtype", "auto", DTYPE_CHOICES, auto="bfloat16 on CUDA, float32 on CPU"
     )
     max_model_len: int = F(256, "vLLM: maximum sequence length.")
     cpu_kvcache_gib: int = F(1, "vLLM CPU build: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = F(0.5, "vLLM GPU build: fraction of GPU memory to use.")
     tensor_parallel_size: int = F(1, "vLLM: tensor-parallel degree.")
     heartbeat_s: float = F(2.0, "Seconds between heartbeats to the buffer.", gt=0)
-    mode: str = F(
+    mode: str = Choice(
+        "How a generator samples",
         "stream",
-        "batch (lease prompts_per_batch prompts, generate them all, send, repeat) or stream "
-        "(keep max_inflight sequences decoding, send each group the moment its G responses "
-        "finish and lease a new prompt in its place: no batch barrier).",
-        choices=("batch", "stream"),
-    )
-    max_inflight: int = F(
-        0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
+        batch="lease prompts_per_batch prompts, generate them all, send, repeat",
+        stream="keep max_inflight sequences decoding, send each group the moment its G responses "
+        "finish and lease a new prompt in its place: no batch barrier",
     )
     inflight_updates: bool = F(
         True,
         "stream: take new weights between decode chunks, mid-response (every token carries "
         "its version); false: only when nothing is in flight.",
+    )
+    max_inflight: int = F(
+        0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
     )
     reset_kv_on_update: bool = F(
         False,

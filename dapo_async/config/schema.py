@@ -10,7 +10,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dapo_async.config.fields import BACKEND_CHOICES, DTYPE_CHOICES, F, S, _need, check_fields
+from dapo_async.config.fields import (
+    BACKEND_CHOICES,
+    DTYPE_CHOICES,
+    Choice,
+    F,
+    S,
+    _need,
+    check_fields,
+)
 from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import GeneratorConfig, RewardConfig
 
@@ -64,17 +72,17 @@ class DataConfig:
         "Built-in tasks: if above `difficulty`, each prompt's difficulty is drawn uniformly from "
         "[difficulty, max_difficulty] (mixed response lengths); 0 = `difficulty` only.",
     )
-    max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.", gt=0)
-    prompt_format: str = F(
+    prompt_format: str = Choice(
+        "How a prompt's messages become tokens",
         "chat",
-        "chat (the tokenizer's own chat template) | raw (message contents joined, no template: "
-        "base models).",
-        choices=("chat", "raw"),
+        chat="the tokenizer's own chat template",
+        raw="message contents joined, no template: base models",
     )
     system_prompt: str = F("", "System message put before each prompt that has none; empty = none.")
     chat_template_kwargs: dict = F(
         {}, "Extra variables for the chat template (e.g. {enable_thinking: false})."
     )
+    max_prompt_len: int = F(64, "Prompts longer than this many tokens are filtered out.", gt=0)
     shuffle_seed: int = F(0, "Seed of the deterministic per-epoch prompt shuffle.")
 
     def check(self, p: str) -> None:
@@ -99,10 +107,8 @@ class BufferConfig:
         1, "Tokens trained at version v come from weights >= v - max_staleness.", ge=0
     )
     dynamic_sampling: bool = F(True, "Drop groups whose filter metric has zero variance (DAPO).")
-    filter_metric: str = F(
-        "acc",
-        "Metric of the dynamic-sampling filter (accuracy or reward score).",
-        choices=("acc", "score"),
+    filter_metric: str = Choice(
+        "Metric of the dynamic-sampling filter", "acc", acc="accuracy", score="reward score"
     )
     min_group_acc: float = F(
         0.0, "Band-pass: keep groups with accuracy >= this (0 = off).", ge=0, le=1
@@ -128,23 +134,16 @@ class BufferConfig:
 
 @dataclass
 class AlgoConfig:
-    objective: str = F(
-        "dapo",
-        "The RL objective (docs/algorithms.md).",
-        choices=("dapo", "grpo", "ppo_kl", "dpo"),
+    objective: str = Choice(
+        "The RL objective (docs/algorithms.md)", "dapo", ("dapo", "grpo", "ppo_kl", "dpo")
     )
     clip_low: float = F(0.2, "ε_low: lower clip of the ratio, 1 - ε_low.", ge=0, lt=1)
     clip_high: float = F(0.28, "ε_high: upper clip of the ratio, 1 + ε_high (clip-higher).", ge=0)
     dual_clip: float = F(0.0, "Dual-clip constant c (> 1) for negative advantages; 0 = off.")
-    loss_agg: str = F(
+    loss_agg: str = Choice(
+        "Loss aggregation over tokens and sequences (docs/algorithms.md)",
         "token-mean",
-        "Loss aggregation over tokens and sequences (docs/algorithms.md).",
-        choices=(
-            "token-mean",
-            "seq-mean-token-mean",
-            "seq-mean-token-sum",
-            "seq-mean-token-sum-norm",
-        ),
+        ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
     )
     adv_norm_std: bool = F(True, "Divide group advantages by the std (False = Dr. GRPO).")
     entropy_coef: float = F(
@@ -170,12 +169,13 @@ class AlgoConfig:
     )
     overlong_filter: bool = F(False, "Mask the loss of truncated responses.")
     kl_coef: float = F(0.0, "KL-to-reference penalty coefficient (ppo_kl; 0 for DAPO).", ge=0)
-    kl_estimator: str = F("k3", "KL estimator (Schulman's k1, k2, k3).", choices=("k1", "k2", "k3"))
+    kl_estimator: str = Choice("KL estimator (Schulman's)", "k3", ("k1", "k2", "k3"))
     dpo_beta: float = F(0.1, "β of online DPO on the best/worst pair of each group.", gt=0)
-    dpo_reference: str = F(
+    dpo_reference: str = Choice(
+        "DPO reference log-probs",
         "behaviour",
-        "DPO reference log-probs: behaviour (the engine's, on-policy) | model (frozen reference).",
-        choices=("behaviour", "model"),
+        behaviour="the engine's, on-policy",
+        model="frozen reference",
     )
     track_kl_ref: bool = F(
         False, "Load the reference model and report train/kl_ref even without a KL penalty."
@@ -204,35 +204,19 @@ class AlgoConfig:
 
 @dataclass
 class WeightSyncConfig:
-    mode: str = F(
-        "dist",
-        "Transport: dist (torch.distributed group) | disk (safetensors files).",
-        choices=("dist", "disk"),
-    )
-    bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.", ge=1)
-    timeout_s: float = F(60.0, "Timeout of every weight-sync collective.", gt=0)
-    port: int = F(
-        0,
-        "Port of the weight-sync store learner rank 0 hosts on launch.host; 0 = a free port.",
-        ge=0,
-        le=65535,
-    )
-    backend: str = F(
-        "auto",
-        "dist mode: gloo | nccl | auto (NCCL where the process has a GPU, else gloo).",
-        choices=BACKEND_CHOICES,
+    mode: str = Choice(
+        "Transport", "dist", dist="torch.distributed group", disk="safetensors files"
     )
     endpoint: str = F(
         "",
         "host:port of learner rank 0's weight-sync store, for generators on other hosts; "
         "empty = read <run_dir>/endpoints/wsync.",
     )
-    wire_dtype: str = F(
-        "auto",
-        "dist mode: dtype the weights travel and are staged in: auto (= generator.dtype) | "
-        "float32 | "
-        "bfloat16 (half the bytes of float32).",
-        choices=DTYPE_CHOICES,
+    port: int = F(
+        0,
+        "Port of the weight-sync store learner rank 0 hosts on launch.host; 0 = a free port.",
+        ge=0,
+        le=65535,
     )
     allow_unauthenticated_network: bool = F(
         False,
@@ -240,6 +224,21 @@ class WeightSyncConfig:
         "binds the weight-sync store beyond loopback only with this set (use a private "
         "network, or mode=disk). With keys the store is authenticated and needs no opt-in.",
     )
+    backend: str = Choice(
+        "dist mode's backend",
+        "auto",
+        BACKEND_CHOICES,
+        auto="NCCL where the process has a GPU, else gloo",
+    )
+    wire_dtype: str = Choice(
+        "dist mode: dtype the weights travel and are staged in",
+        "auto",
+        DTYPE_CHOICES,
+        auto="= generator.dtype",
+        bfloat16="half the bytes of float32",
+    )
+    bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.", ge=1)
+    timeout_s: float = F(60.0, "Timeout of every weight-sync collective.", gt=0)
 
 
 @dataclass
@@ -263,28 +262,28 @@ class LaunchConfig:
         "weight-sync store when weight_sync.endpoint is empty.",
         nonempty=True,
     )
-    buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
-    curve_keys_dir: str = F(
-        "",
-        "Directory made by `dapo-async keys` (shared by hosts of one run); empty = the run's "
-        "own keys in <run_dir>/keys (with launch.auth).",
-    )
     auth: bool = F(
         True,
         "Authenticate every ZeroMQ link with CurveZMQ (per-run keys when curve_keys_dir is "
         "empty), loopback included; the buffer accepts each message kind only from the role "
         "that may send it. false: no authentication (loopback binds only).",
     )
+    curve_keys_dir: str = F(
+        "",
+        "Directory made by `dapo-async keys` (shared by hosts of one run); empty = the run's "
+        "own keys in <run_dir>/keys (with launch.auth).",
+    )
     insecure_allow_public_bind: bool = F(
         False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
     )
+    buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
     torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).", ge=1)
-    allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
     restart_roles: bool = F(
         True,
         "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "
         "that dies (from its latest checkpoint) instead of ending the run.",
     )
+    allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
     max_restarts: int = F(
         10, "Most restarts of one role within launch.restart_window_s; more ends the run.", ge=0
     )

@@ -18,7 +18,7 @@ NON_NEGATIVE_FIELDS = ("num_prompts", "step", "rank", "version", "world_size", "
 
 
 # Identifier fields (generator ids, hosts, engine names, checkpoint ids) and their bound.
-NAME_FIELDS = ("generator_id", "sender", "host", "engine", "checkpoint_id")
+NAME_FIELDS = ("generator_id", "host", "engine", "checkpoint_id")
 MAX_NAME_CHARS = 256
 
 
@@ -45,36 +45,41 @@ class Message:
 
 
 @dataclass
-class Hello(Message):
+class GeneratorMessage(Message):
+    """Base of the messages a generator sends about itself, named by ``generator_id`` (the
+    buffer keys its leases and liveness by it)."""
+
+    generator_id: str
+
+
+@dataclass
+class Hello(GeneratorMessage):
     """Generator → buffer, once at start (and after a buffer restart)."""
 
     KIND: ClassVar[str] = "hello"
-    generator_id: str
     pid: int
     engine: str
     host: str = "127.0.0.1"
 
 
 @dataclass
-class Heartbeat(Message):
+class Heartbeat(GeneratorMessage):
     """Generator → buffer, periodically: keeps its leases alive and says how it stands
     (``version``: the weights it holds; ``outbox_size``: groups sent and not yet acknowledged),
     which the buffer reports as ``buffer/generator_version_lag_max`` and
     ``buffer/generator_outbox``."""
 
     KIND: ClassVar[str] = "heartbeat"
-    sender: str
     version: int
     outbox_size: int = 0
 
 
 @dataclass
-class LeaseRequest(Message):
+class LeaseRequest(GeneratorMessage):
     """Generator → buffer: ask for up to ``num_prompts`` prompts; ``version``: the weights the
     generator holds now (its groups' oldest tokens will be at least that recent)."""
 
     KIND: ClassVar[str] = "lease_request"
-    generator_id: str
     num_prompts: int
     version: int = 0
 

@@ -16,7 +16,9 @@ from dapo_async.protocol.checks import ProtocolError, check_value
 from dapo_async.protocol.groups import ALIGN, DTYPES, GROUP_ARRAYS, GroupBatch, packed_layout
 from dapo_async.protocol.messages import HINTS, MESSAGE_TYPES, Message
 
-SCHEMA_VERSION = 1
+# Header schema version, bumped on any incompatible change to a message (2: the heartbeat names
+# its generator `generator_id`, as every generator message does; it was `sender`).
+SCHEMA_VERSION = 2
 # A header is a few hundred bytes; 4 MiB leaves room for a batch of thousands of group ids.
 MAX_HEADER_BYTES = 4 << 20
 # Default bound on one message (all frames); a step batch of a large model fits well inside.

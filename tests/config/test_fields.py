@@ -1,6 +1,7 @@
 """Each field's declared rule (``F(..., ge=…, choices=…)``) is enforced by ``RunConfig.check``
 with an error naming the dotted key, and stated in the generated docs."""
 
+import ast
 import dataclasses
 
 import pytest
@@ -85,3 +86,40 @@ def test_config_docs_state_the_accepted_values():
     assert rows["learner.num_steps"] == ">= 1"
     assert rows["generator.top_p"] == "in (0, 1]"
     assert rows["seed"] == ""
+
+
+def test_choice_states_each_value_once_in_doc_and_rule():
+    """``Choice`` builds the doc and the rule from one declaration: every value, in order,
+    with its meaning where it has one."""
+    from dapo_async.config.fields import Choice
+
+    f = Choice("Transport", "dist", dist="torch.distributed group", disk="")
+    assert f.default == "dist"
+    assert f.metadata["doc"] == "Transport: dist (torch.distributed group) | disk."
+    assert f.metadata["valid"].choices == ("dist", "disk")
+    shared = Choice("Dtype", "auto", ("auto", "float32"), auto="per device")
+    assert shared.metadata["doc"] == "Dtype: auto (per device) | float32."
+    assert shared.metadata["valid"].choices == ("auto", "float32")
+
+
+@pytest.mark.parametrize(
+    "args, meanings",
+    [(("T", "nope", ("a", "b")), {}), (("T", "a", ("a", "b")), {"c": "not a value"})],
+)
+def test_choice_refuses_a_declaration_the_rule_would_contradict(args, meanings):
+    from dapo_async.config.fields import Choice
+
+    with pytest.raises(AssertionError):
+        Choice(*args, **meanings)
+
+
+def test_generated_docs_list_every_choice_field_value():
+    """Every choice field's doc names each of its accepted values (so the table and the check
+    say the same thing)."""
+    checked = 0
+    for key, doc, _, accepts in C.field_docs():
+        if accepts.startswith("one of "):
+            checked += 1
+            for value in ast.literal_eval(accepts[len("one of ") :]):
+                assert value in doc, (key, value)
+    assert checked >= 15
