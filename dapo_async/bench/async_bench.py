@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from dapo_async.bench.common import (
@@ -75,16 +76,22 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     return out
 
 
+def round_runner(args: argparse.Namespace, steps: int, root: Path) -> Callable[..., dict]:
+    """``run(name, *overrides)``: one job of a round in ``root/name``, ``steps`` steps, the
+    command line's overrides, figures from step 1 + max_staleness on (the steady state)."""
+    base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
+    return lambda name, *o: run_job(args.config, [*base, *o], root / name, 1 + args.staleness)
+
+
 def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     """Synchronous, asynchronous batch and asynchronous stream generation, one run each."""
-    base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
-    skip = 1 + args.staleness
+    run = round_runner(args, steps, root)
     runs = {
         "sync": ["buffer.max_staleness=0", "generator.mode=batch"],
         "batch": [f"buffer.max_staleness={args.staleness}", "generator.mode=batch"],
         "stream": [f"buffer.max_staleness={args.staleness}", "generator.mode=stream"],
     }
-    res = {name: run_job(args.config, [*base, *o], root / name, skip) for name, o in runs.items()}
+    res = {name: run(name, *o) for name, o in runs.items()}
     out: dict = {"workload": "longtail", "steps": steps, "max_staleness": args.staleness}
     for name, r in res.items():
         out[f"samples_per_s_{name}"] = r["samples_per_s"]
@@ -115,15 +122,12 @@ def longtail_summary(out: dict) -> str:
 
 def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     """Synchronous (max_staleness 0) and asynchronous training on the config, one run each."""
-    base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
-    skip = 1 + args.staleness
-    sync = run_job(args.config, [*base, "buffer.max_staleness=0"], root / "sync", skip)
-    asyn = run_job(
-        args.config, [*base, f"buffer.max_staleness={args.staleness}"], root / "async", skip
-    )
+    run = round_runner(args, steps, root)
+    sync = run("sync", "buffer.max_staleness=0")
+    asyn = run("async", f"buffer.max_staleness={args.staleness}")
     return {
         "steps": steps,
-        "steady_state_from_step": skip,
+        "steady_state_from_step": 1 + args.staleness,
         "max_staleness": args.staleness,
         "sync_samples_per_s": sync["samples_per_s"],
         "async_samples_per_s": asyn["samples_per_s"],

@@ -34,13 +34,13 @@ def _seeds(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _transport(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--seconds", type=float, default=None, help="time per measurement (2)")
-    p.add_argument("--batch", type=int, default=32, help="groups per batched message")
-
-
 def _buffer(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
+
+
+def _transport(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seconds", type=float, default=None, help="time per measurement (2)")
+    _buffer(p)  # the same batching as the buffer bench
 
 
 def _generator(p: argparse.ArgumentParser) -> None:

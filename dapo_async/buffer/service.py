@@ -289,10 +289,13 @@ class BufferService:
     def generator_stats(self, now: float) -> dict[str, float]:
         """The generators heard from within ``lease_timeout_s`` (as their heartbeats say): how
         many, how many versions the oldest weights among them trail the learner, and how many
-        sent groups wait in their outboxes for an ack."""
+        sent groups wait in their outboxes for an ack. A silent generator's view is forgotten
+        (a restart comes back under a new id: the views stay as many as the live generators)."""
         timeout = self.state.cfg.lease_timeout_s
         seen = self.state.generators
-        live = [g for g, v in self.generator_views.items() if now - seen.get(g, -timeout) < timeout]
+        live = [g for g in self.generator_views if now - seen.get(g, -timeout) < timeout]
+        for gone in set(self.generator_views) - set(live):
+            del self.generator_views[gone]
         if not live:
             return {}
         versions = [self.generator_views[g][0] for g in live]

@@ -9,7 +9,8 @@ across responses and little padding is computed; row i starts at ``offset_B[i]``
 token j sits at position ``prompt_len_i + j`` and is predicted from position ``prompt_len_i + j − 1``.
 
 Advantages are computed per group (``algo.advantages``) before splitting, so they do not
-depend on the split.
+depend on the split. ``split_pairs`` makes online DPO's micro-batches of whole (chosen, rejected)
+pairs; ``empty_like`` the empty micro-batches that keep every rank's count equal.
 """
 
 from __future__ import annotations
@@ -237,3 +238,31 @@ def _pack(mb: MicroBatch, rows: Rows, idx: np.ndarray, pad_id: int) -> None:
     mb.attention_BL = ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]  # [B', 1, L, L]
     mb.row_B = torch.tensor(row_of, dtype=torch.long, device=host)
     mb.offset_B = torch.tensor(offset_of, dtype=torch.long, device=host)
+
+
+def split_pairs(rows: Rows, pairs: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Row indices of micro-batches of whole (chosen, rejected) pairs within the token budget
+    (at least one pair each)."""
+    out: list[np.ndarray] = []
+    cur: list[int] = []
+    width = 0
+    for c, r in pairs.tolist():
+        need = max(len(rows.prompts[i]) + len(rows.responses[i]) for i in (c, r))
+        w = max(width, need)
+        if cur and w * (len(cur) + 2) > max_tokens:
+            out.append(np.asarray(cur, np.int64))
+            cur, w = [], need
+        cur += [c, r]
+        width = w
+    if cur:
+        out.append(np.asarray(cur, np.int64))
+    return out
+
+
+def empty_like(mb: MicroBatch) -> MicroBatch:
+    """A micro-batch that contributes nothing (zero mask) but runs the same collectives."""
+    mb.mask_BT = torch.zeros_like(mb.mask_BT)
+    mb.adv_BT = torch.zeros_like(mb.adv_BT)
+    mb.resp_len_B = torch.zeros_like(mb.resp_len_B)
+    mb.rows = np.zeros(0, np.int64)
+    return mb

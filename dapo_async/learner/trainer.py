@@ -5,7 +5,10 @@ Call order per step (every rank):
     rows = groups_to_rows(shard)                       advantages per group
     split rows into K mini-batches, each into token-bounded micro-batches; pad every mini-batch
         to the global maximum number of micro-batches with empty ones (FSDP2 forwards are collective)
-    prox = forward(no grad, weights at step start)    skipped in bypass mode
+    prox = forward(no grad, weights at step start)    mini-batches 2..K only; skipped in bypass
+        mode. The first mini-batch's updates run on the step-start weights, so its proximal
+        log-probs are its own forward's, detached (r_t = 1 exactly): one forward pass fewer
+        per step (1/K of the batch), unless the model has dropout (train ≠ eval forward)
     ref  = reference forward (no grad)                 only when a reference model is loaded
     for each of K mini-batches:
         all-reduce the mini-batch's token/sequence counts (global denominators)
@@ -37,8 +40,10 @@ from dapo_async.learner.batching import (
     MicroBatch,
     Rows,
     collate,
+    empty_like,
     groups_to_rows,
     split_by_tokens,
+    split_pairs,
     subset,
 )
 from dapo_async.learner.logprobs import ResponseLogProbs
@@ -124,6 +129,9 @@ class Trainer:
         self.temperature = temperature
         # packed micro-batches for the policy objectives (DPO keeps its padded pairs)
         self._pack = lc.pack_sequences and algo.objective != "dpo"
+        self.need_prox = not self.loss_cfg.bypass and algo.objective != "dpo"
+        # the first mini-batch's proximal log-probs from its own forward (module docstring)
+        self.prox_from_forward = self.need_prox and not has_dropout(self.model)
 
     # ------------------------------------------------------------------ helpers
 
@@ -156,7 +164,7 @@ class Trainer:
             ]
             for _ in range(self.par.max_int(len(mbs)) - len(mbs)):
                 empty = collate(rows, np.zeros(unit, np.int64), self.pad_id, device=self.device)
-                mbs.append(_empty_like(empty))
+                mbs.append(empty_like(empty))
             out.append(mbs)
         return out
 
@@ -167,15 +175,15 @@ class Trainer:
         return [part[i] for i in split_by_tokens(subset(rows, part), budget, packed=self._pack)]
 
     def _no_grad_passes(self, micro: list[list[MicroBatch]]) -> None:
-        """Proximal log-probs (weights at step start) and reference log-probs, in place."""
-        need_prox = not self.loss_cfg.bypass and self.algo.objective != "dpo"
-        if not need_prox and self.ref_model is None:
+        """Proximal log-probs (weights at step start; the first mini-batch's come from its own
+        forward when ``prox_from_forward``) and reference log-probs, in place."""
+        if not self.need_prox and self.ref_model is None:
             return
         self.model.eval()
         with torch.no_grad():
-            for part in micro:
+            for i, part in enumerate(micro):
                 for mb in part:
-                    if need_prox:
+                    if self.need_prox and not (i == 0 and self.prox_from_forward):
                         mb.prox_logp_BT, _ = self._forward_logp(self.train_model, mb)
                     if self.ref_model is not None:
                         mb.ref_logp_BT, _ = self._forward_logp(self.ref_model, mb)
@@ -255,9 +263,12 @@ class Trainer:
             g_tokens, g_seqs = g
             coef = self.algo.entropy_coef
             logp, ent = self._forward_logp(self.train_model, mb, "grad" if coef else "metric")
+            prox = mb.prox_logp_BT
+            if prox is None and self.need_prox:  # the first mini-batch: weights at step start
+                prox = logp.detach()
             loss, m = policy_loss(
                 logp,
-                mb.prox_logp_BT,
+                prox,
                 mb.behav_logp_BT,
                 mb.adv_BT,
                 mb.mask_BT,
@@ -288,7 +299,7 @@ class Trainer:
         k = self.learner.num_minibatches
         budget = self.learner.micro_batch_tokens
         # A micro-batch holds whole pairs: [chosen_0, rejected_0, chosen_1, rejected_1, ...].
-        parts = [_split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
+        parts = [split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
         micro = self._micro_batches(rows, parts, unit=2)
         beta = self.algo.dpo_beta
 
@@ -361,32 +372,16 @@ class Trainer:
         self.version = int(state["version"])
 
 
-def _split_pairs(rows: Rows, pairs: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Row indices of micro-batches of whole (chosen, rejected) pairs within the token budget
-    (at least one pair each)."""
-    out: list[np.ndarray] = []
-    cur: list[int] = []
-    width = 0
-    for c, r in pairs.tolist():
-        need = max(len(rows.prompts[i]) + len(rows.responses[i]) for i in (c, r))
-        w = max(width, need)
-        if cur and w * (len(cur) + 2) > max_tokens:
-            out.append(np.asarray(cur, np.int64))
-            cur, w = [], need
-        cur += [c, r]
-        width = w
-    if cur:
-        out.append(np.asarray(cur, np.int64))
-    return out
-
-
-def _empty_like(mb: MicroBatch) -> MicroBatch:
-    """A micro-batch that contributes nothing (zero mask) but runs the same collectives."""
-    mb.mask_BT = torch.zeros_like(mb.mask_BT)
-    mb.adv_BT = torch.zeros_like(mb.adv_BT)
-    mb.resp_len_B = torch.zeros_like(mb.resp_len_B)
-    mb.rows = np.zeros(0, np.int64)
-    return mb
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward of ``model`` differs from an evaluation-mode one: a
+    dropout module or a non-zero ``*dropout*`` rate in its (HF) config."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any(
+        "dropout" in key and isinstance(v, (int, float)) and v > 0 for key, v in rates.items()
+    )
 
 
 def _weighted(pairs: list[tuple[float, float]]) -> float:

@@ -182,3 +182,41 @@ def test_packed_micro_batches_give_the_padded_update(tiny_model):
             trainer.step(synthetic_groups(step, 4))
         runs.append(params(trainer))
     assert max_rel_err(runs[1], runs[0]) <= 1e-9
+
+
+def test_first_minibatch_takes_its_proximal_logprobs_from_its_own_forward(tiny_model):
+    """The first mini-batch trains on the step-start weights, so its proximal log-probs are
+    its own forward's, detached: the same update (float64) with fewer no-grad forwards."""
+    runs, no_grad_calls = [], []
+    for shortcut in (False, True):
+        trainer = build_trainer(tiny_model, make_config(), dtype=torch.float64)
+        assert trainer.prox_from_forward  # the tiny policy has no dropout
+        trainer.prox_from_forward = shortcut
+        calls = [0]
+        forward = trainer._forward_logp
+
+        def counted(*args, _forward=forward, _calls=calls, **kwargs):
+            _calls[0] += not torch.is_grad_enabled()
+            return _forward(*args, **kwargs)
+
+        trainer._forward_logp = counted
+        for step in range(2):
+            trainer.step(synthetic_groups(step, 4))
+        runs.append(params(trainer))
+        no_grad_calls.append(calls[0])
+    assert max_rel_err(runs[1], runs[0]) <= 1e-9
+    assert 0 < no_grad_calls[1] < no_grad_calls[0]  # mini-batch 2's forwards only
+
+
+def test_dropout_keeps_the_separate_proximal_pass(tiny_model):
+    from dapo_async.learner.trainer import has_dropout
+
+    trainer = build_trainer(tiny_model, make_config())
+    assert not has_dropout(trainer.model)
+    trainer.model.config.attention_dropout = 0.1
+    assert has_dropout(trainer.model)
+    trainer.model.config.attention_dropout = 0.0
+    trainer.model.extra = torch.nn.Dropout(0.1)
+    assert has_dropout(trainer.model)
+    bypass = build_trainer(tiny_model, make_config("algo.bypass=true"))
+    assert not bypass.need_prox and not bypass.prox_from_forward
