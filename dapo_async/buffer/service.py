@@ -274,6 +274,7 @@ class BufferService:
             return
         self._last_stats = now
         lost = self.state.expire_leases(now)
+        self.forget_silent_generators(now)
         if lost:
             self._log("expire", [ls.lease_id for ls in lost])
             log.warning("re-issuing %d prompts of silent generators", len(lost))
@@ -286,16 +287,24 @@ class BufferService:
         out.update(self.generator_stats(time.monotonic()))
         return out
 
+    def _live_generators(self, now: float) -> list[str]:
+        """Generators with a view heard from within ``lease_timeout_s``."""
+        timeout = self.state.cfg.lease_timeout_s
+        seen = self.state.generators
+        return [g for g in self.generator_views if now - seen.get(g, -timeout) < timeout]
+
+    def forget_silent_generators(self, now: float) -> None:
+        """Drop the views of generators silent for ``lease_timeout_s`` (with their leases, in
+        ``_periodic``): a restart comes back under a new id, so the views stay as many as the
+        live generators."""
+        for gone in set(self.generator_views) - set(self._live_generators(now)):
+            del self.generator_views[gone]
+
     def generator_stats(self, now: float) -> dict[str, float]:
         """The generators heard from within ``lease_timeout_s`` (as their heartbeats say): how
         many, how many versions the oldest weights among them trail the learner, and how many
-        sent groups wait in their outboxes for an ack. A silent generator's view is forgotten
-        (a restart comes back under a new id: the views stay as many as the live generators)."""
-        timeout = self.state.cfg.lease_timeout_s
-        seen = self.state.generators
-        live = [g for g in self.generator_views if now - seen.get(g, -timeout) < timeout]
-        for gone in set(self.generator_views) - set(live):
-            del self.generator_views[gone]
+        sent groups wait in their outboxes for an ack."""
+        live = self._live_generators(now)
         if not live:
             return {}
         versions = [self.generator_views[g][0] for g in live]

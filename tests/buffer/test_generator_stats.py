@@ -40,4 +40,5 @@ def test_a_silent_generator_leaves_the_view():
     svc.state.heartbeat("gen-0", now=time.monotonic() - 31.0)  # last heard past lease_timeout_s
     stats = svc.generator_stats(time.monotonic())
     assert stats["buffer/generators_live"] == 1.0 and stats["buffer/generator_outbox"] == 1.0
+    svc.forget_silent_generators(time.monotonic())
     assert set(svc.generator_views) == {"gen-1"}  # the silent one's view is not kept forever
