@@ -12,6 +12,12 @@ Every token carries the version of the weights whose logits it was sampled from,
 response may span several versions (an update between chunks). With ``reset_kv`` the cache is
 recomputed after an update (a token's log-prob is then exactly its version's); otherwise the
 cache built by the old weights is kept, as vLLM's in-flight updates do.
+
+Device: everything the decode loop touches (cache, mask, sampled tokens, the sampling
+generator, row indices) lives on the engine's device. Sampled tokens are read back to the host
+every ``host_check_every`` steps (1 on the CPU, where a read costs nothing; ``GPU_HOST_CHECK``
+on an accelerator, where each read stalls the host until the device catches up): a row that
+finished between two reads decodes a few wasted steps, never a wrong token.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ DROP_FINISHED_AT = 8
 # Spare time slots allocated at once in a layer's KV buffer: appends write in place, and the
 # buffer is copied only every this many decode steps (torch.cat copied it at every step).
 KV_HEADROOM = 32
+# On an accelerator, sampled tokens come back to the host every this many decode steps (one
+# synchronisation each): a finished row then costs at most this many wasted steps.
+GPU_HOST_CHECK = 8
 
 
 def _grow_in_place(cache) -> None:
@@ -83,7 +92,10 @@ class HFStream:
         self.engine = engine
         self.chunk_tokens = chunk_tokens
         self.reset_kv = reset_kv
-        self.generator = torch.Generator().manual_seed(seed)
+        self.device = torch.device(engine.device)
+        # on the engine's device: torch.multinomial refuses a generator on another one
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.host_check_every = 1 if self.device.type == "cpu" else GPU_HOST_CHECK
         self.params: SamplingParams | None = None
         self.pending: list[_Seq] = []
         self.active: list[_Seq] = []
@@ -120,14 +132,15 @@ class HFStream:
         for i, r in enumerate(rows):  # left padding
             ids_BT[i, width - len(r) :] = torch.tensor(r)
             mask_BT[i, width - len(r) :] = 1
+        self.stats["prefill_tokens"] += int(mask_BT.sum())
+        mask_BT = mask_BT.to(self.device)
         pos_BT = (mask_BT.cumsum(-1) - 1).clamp(min=0)
         out = self.engine.model(
-            input_ids=ids_BT.to(self.engine.device),
-            attention_mask=mask_BT.to(self.engine.device),
-            position_ids=pos_BT.to(self.engine.device),
+            input_ids=ids_BT.to(self.device),
+            attention_mask=mask_BT,
+            position_ids=pos_BT,
             use_cache=True,
         )
-        self.stats["prefill_tokens"] += int(mask_BT.sum())
         _grow_in_place(out.past_key_values)
         return out.past_key_values, mask_BT, out.logits[:, -1].float()
 
@@ -177,48 +190,67 @@ class HFStream:
         if not self.active and not self.pending:
             return []
         self._admit()
-        params, eos = self.params, self.engine.eos_id
-        for _ in range(self.chunk_tokens):
-            token_B, logp_B = sample(self.logits_BV, params, self.generator)
-            live = False
-            for s, t, lp in zip(self.active, token_B.tolist(), logp_B.tolist()):
-                if s.finish:
-                    continue
-                s.tokens.append(t)
-                s.logprobs.append(min(lp, 0.0))
-                s.versions.append(s.logits_version)
-                if t == eos:
-                    s.finish = "stop"
-                elif len(s.tokens) >= params.max_tokens:
-                    s.finish = "length"
-                else:
-                    live = True
-            if not live:
-                break
-            done = sum(1 for s in self.active if s.finish)
-            if done * DROP_FINISHED_AT >= len(self.active):
-                token_B = self._drop_finished(token_B)  # stop computing them mid-chunk
+        unread: list[tuple[torch.Tensor, torch.Tensor]] = []  # sampled, not yet on the host
+        for i in range(self.chunk_tokens):
+            token_B, logp_B = sample(self.logits_BV, self.params, self.generator)
+            unread.append((token_B, logp_B))
+            if (i + 1) % self.host_check_every == 0 or i + 1 == self.chunk_tokens:
+                if not self._record(unread):
+                    break
+                unread = []
+                done = sum(1 for s in self.active if s.finish)
+                if done * DROP_FINISHED_AT >= len(self.active):
+                    token_B = self._drop_finished(token_B)  # stop computing them mid-chunk
             self._forward(token_B)
         self._drop_finished(None)
         return self._collect()
 
+    def _record(self, unread: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Read the tokens sampled since the last read (one host transfer) into the unfinished
+        rows, up to each row's EOS or ``max_tokens``; whether any row is still decoding."""
+        tokens_KB = torch.stack([t for t, _ in unread]).double()  # ids are exact in float64
+        logps_KB = torch.stack([lp for _, lp in unread]).clamp(max=0.0).double()
+        tokens_KB, logps_KB = torch.stack([tokens_KB, logps_KB]).tolist()
+        eos, max_tokens, version = self.engine.eos_id, self.params.max_tokens, self.engine.version
+        live = False
+        for b, s in enumerate(self.active):
+            for tokens_B, logps_B in zip(tokens_KB, logps_KB):
+                if s.finish:
+                    break
+                t = int(tokens_B[b])
+                s.tokens.append(t)
+                s.logprobs.append(logps_B[b])
+                s.versions.append(s.logits_version)
+                s.logits_version = version  # the next logits come from the current weights
+                if t == eos:
+                    s.finish = "stop"
+                elif len(s.tokens) >= max_tokens:
+                    s.finish = "length"
+            live = live or not s.finish
+        return live
+
     def _forward(self, token_B: torch.Tensor) -> None:
-        ones_B1 = torch.ones((len(self.active), 1), dtype=torch.long)
-        self.mask_BT = torch.cat([self.mask_BT, ones_B1], dim=1)
+        self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_ones((len(token_B), 1))], dim=1)
         pos_B1 = self.mask_BT.sum(-1, keepdim=True) - 1
-        dev = self.engine.device
         out = self.engine.model(
-            input_ids=token_B[:, None].to(dev),
-            attention_mask=self.mask_BT.to(dev),
-            position_ids=pos_B1.to(dev),
+            input_ids=token_B[:, None],
+            attention_mask=self._attention_bias(),
+            position_ids=pos_B1,
             past_key_values=self.cache,
             use_cache=True,
         )
         self.cache = out.past_key_values
         self.logits_BV = out.logits[:, -1].float()
-        for s in self.active:
-            s.logits_version = self.engine.version
         self.stats["decode_steps"] += 1
+
+    def _attention_bias(self) -> torch.Tensor:
+        """The decode step's mask as a [B, 1, 1, T] additive bias (0: attend; the dtype's
+        lowest value: a padding slot). transformers uses a 4-D mask as given; from the 2-D mask
+        it would first ask the host whether any row is padded, one synchronisation per token."""
+        dtype = self.engine.model.dtype
+        bias_BT = torch.zeros(self.mask_BT.shape, dtype=dtype, device=self.device)
+        bias_BT.masked_fill_(self.mask_BT == 0, torch.finfo(dtype).min)
+        return bias_BT[:, None, None, :]
 
     def _trim(self) -> None:
         """Drop cache columns that are padding in every row (left by sequences that left):
@@ -240,8 +272,8 @@ class HFStream:
         if len(keep) == len(self.active):
             return token_B
         if keep:
-            idx = torch.tensor(keep)
-            self.cache.batch_select_indices(idx.to(self.engine.device))
+            idx = torch.tensor(keep, device=self.device)
+            self.cache.batch_select_indices(idx)
             self.mask_BT = self.mask_BT[idx]
             self.logits_BV = self.logits_BV[idx]
             token_B = None if token_B is None else token_B[idx]
