@@ -186,11 +186,16 @@ def sim_device():
     """Inside: ``meta`` is a simulated accelerator (module docstring); yields the counters."""
     _STATE.host_reads = 0
     torch.Generator = _Generator
+    # module.to('meta') swaps each parameter's contents in place (a wrapper cannot take
+    # ``param.data = ...``), so a parameter shared by two modules (tied embeddings) stays shared
+    swap_before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
     try:
         with _Factories(), _Dispatch():
             yield _STATE
     finally:
         torch.Generator = _RealGenerator
+        torch.__future__.set_swap_module_params_on_conversion(swap_before)
         _STATE.generators.clear()
 
 

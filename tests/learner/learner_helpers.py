@@ -67,7 +67,7 @@ def make_config(*overrides: str):
     )
 
 
-def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float32):
+def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float32, device="cpu"):
     from transformers import AutoModelForCausalLM
 
     from dapo_async.devices import resolve_dtype
@@ -80,7 +80,10 @@ def build_trainer(model_dir, cfg, rank=0, world=1, ref=False, dtype=torch.float3
         from dapo_async.learner.lora import apply_lora
 
         model = apply_lora(model, cfg.learner)
+    model.to(device)
     ref_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype) if ref else None
+    if ref_model is not None:
+        ref_model.to(device)
     par = Parallel(
         model,
         rank,
