@@ -11,7 +11,6 @@ import torch
 
 from dapo_async import devices
 from dapo_async.config import load_config
-from dapo_async.engines.vllm import vllm_environment
 from dapo_async.launch import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,12 +66,22 @@ def test_launcher_gives_each_role_its_gpus(monkeypatch, tiny_model, tmp_path, gp
     assert gens[0].env["CUDA_VISIBLE_DEVICES"] == gen
 
 
-def test_gpu_check_does_not_initialise_cuda_and_vllm_workers_are_spawned(monkeypatch):
-    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
-    devices.cuda_device_count()
-    assert not torch.cuda.is_initialized()
-    vllm_environment(gpu=True, cpu_kvcache_gib=1)
-    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+def test_gpu_check_does_not_initialise_cuda_and_vllm_workers_are_spawned(python):
+    """In a fresh interpreter: an earlier test of the same process may have initialised CUDA
+    (on a GPU machine), which says nothing about ``cuda_device_count``."""
+    code = (
+        "import os, torch\n"
+        "from dapo_async import devices\n"
+        "from dapo_async.engines.vllm import vllm_environment\n"
+        "os.environ.pop('VLLM_WORKER_MULTIPROC_METHOD', None)\n"
+        "devices.cuda_device_count()\n"
+        "assert not torch.cuda.is_initialized(), 'cuda_device_count initialised CUDA'\n"
+        "vllm_environment(gpu=True, cpu_kvcache_gib=1)\n"
+        "assert os.environ['VLLM_WORKER_MULTIPROC_METHOD'] == 'spawn'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -129,6 +129,16 @@ def _logprobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=1024, help="positions per chunk")
 
 
+def _learner(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tokens", default="8192,32768", help="response tokens per step, one set of runs each"
+    )
+    p.add_argument(
+        "--shape", default="", help="qwen2.5-0.5b | cpu (default: qwen2.5-0.5b on a GPU, else cpu)"
+    )
+    p.add_argument("--steps", type=int, default=1, help="timed steps per run (the fastest counts)")
+
+
 def _packing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds")
 
@@ -157,5 +167,6 @@ BENCHES: dict[str, Bench] = {
     "ladder": _bench("ladder", "the DAPO paper's ladder or the staleness ladder", _ladder),
     "faults": _bench("faults", "what SIGKILL of each role costs a running job", _faults),
     "logprobs": _bench("logprobs", "peak memory of full vs chunked log-probs", _logprobs),
+    "learner": _bench("learner", "the learner's step on a real-shaped model: tok/s, MFU", _learner),
     "packing": _bench("packing", "learner tokens/s, padded vs packed micro-batches", _packing),
 }

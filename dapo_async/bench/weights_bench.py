@@ -12,7 +12,15 @@ and the publisher in this process:
   by the learner as ``time/weight_sync_s``);
 - ``gb_per_s_flat_ceiling``: the same bytes as one pre-allocated flat tensor, one broadcast in a
   plain group between the same two processes, no snapshot and no checksums;
-- ``ratio`` = bucketed ÷ ceiling. Each figure is the best of ``--rounds`` repetitions.
+- ``ratio`` = bucketed ÷ ceiling;
+- ``gb_per_s_shm``: same-host shared memory (``weight_sync.mode=shm``, what `dapo-async train`
+  uses on one host) from ``publish`` to the receiver holding the verified weights: the learner
+  packs into a slot and digests it, the receiver copies it out and digests its copy —
+  comparable with ``gb_per_s_publish_to_verified`` (``shm_vs_dist``);
+- ``gb_per_s_memcpy``: one copy of the same bytes between two flat tensors in one process — what
+  a transfer cannot beat (``shm`` makes two copies and two digests).
+
+Each figure is the best of ``--rounds`` repetitions.
 """
 
 from __future__ import annotations
@@ -143,15 +151,78 @@ def measure(size_mb: int, rounds: int, bucket_mb: int, backend: str) -> dict[str
     }
 
 
+def _shm_receiver(endpoint: str, rounds: int, q) -> None:
+    torch.set_num_threads(1)
+    from dapo_async.config import load_config
+    from dapo_async.weight_sync.shm import ShmWeightReceiver
+
+    r = ShmWeightReceiver(load_config(None, []).weight_sync, None, "bench", endpoint=endpoint)
+    q.put(("ready", time.time()))
+    seen = 0
+    while seen < rounds:
+        if r.poll() is not None:
+            q.put(("shm", time.time()))
+            seen += 1
+        else:
+            time.sleep(0.0005)
+    r.close()
+
+
+def measure_shm(size_mb: int, rounds: int, bucket_mb: int) -> dict[str, float]:
+    """Shared memory from ``publish`` to verified, and a plain copy of the same bytes."""
+    import tempfile
+    from pathlib import Path
+
+    from dapo_async.config import load_config
+    from dapo_async.weight_sync.shm import ShmWeightPublisher
+
+    state = synthetic_state(size_mb)
+    num_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    cfg = load_config(None, [f"weight_sync.bucket_mb={bucket_mb}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        pub = ShmWeightPublisher(cfg.weight_sync, Path(tmp), run_name=f"bench-{size_mb}")
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        proc = ctx.Process(target=_shm_receiver, args=(pub.endpoint, rounds, q))
+        proc.start()
+        try:
+            assert q.get(timeout=RECEIVER_TIMEOUT_S)[0] == "ready"
+            times = []
+            for v in range(1, rounds + 1):
+                t0 = time.time()
+                pub.publish(state, v)
+                kind, t1 = q.get(timeout=RECEIVER_TIMEOUT_S)
+                times.append(t1 - t0)
+            proc.join(60)
+        finally:
+            if proc.is_alive():
+                proc.kill()
+            pub.close()
+    src = torch.randn(num_bytes // 4)
+    dst = torch.empty_like(src)
+    copies = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t0)
+    gb = num_bytes / 1e9
+    return {"gb_per_s_shm": gb / min(times), "gb_per_s_memcpy": gb / min(copies)}
+
+
 def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     out: dict[str, float] = {"backend": args.backend, "bucket_mb": args.bucket_mb}
     for size in SIZES_MB:
         res = measure(size, args.rounds, args.bucket_mb, args.backend)
+        res.update(measure_shm(size, args.rounds, args.bucket_mb))
+        res["shm_vs_dist"] = res["gb_per_s_shm"] / res["gb_per_s_publish_to_verified"]
         print(
             f"{size} MB model ({res['bytes'] / 1e6:.0f} MB): bucketed "
             f"{res['gb_per_s_bucketed']:.2f} GB/s, flat ceiling "
-            f"{res['gb_per_s_flat_ceiling']:.2f} GB/s, ratio {res['ratio']:.3f}",
+            f"{res['gb_per_s_flat_ceiling']:.2f} GB/s, ratio {res['ratio']:.3f}; publish to "
+            f"verified: {args.backend} {res['gb_per_s_publish_to_verified']:.2f} GB/s, shared "
+            f"memory {res['gb_per_s_shm']:.2f} GB/s ({res['shm_vs_dist']:.1f}x), memory copy "
+            f"{res['gb_per_s_memcpy']:.2f} GB/s",
             file=sys.stderr,
         )
         for k in (
@@ -159,6 +230,9 @@ def main(args: argparse.Namespace) -> int:
             "gb_per_s_flat_ceiling",
             "ratio",
             "gb_per_s_publish_to_verified",
+            "gb_per_s_shm",
+            "gb_per_s_memcpy",
+            "shm_vs_dist",
         ):
             out[f"{k}_{size}mb"] = res[k]
     if args.json:

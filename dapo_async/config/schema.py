@@ -205,7 +205,13 @@ class AlgoConfig:
 @dataclass
 class WeightSyncConfig:
     mode: str = Choice(
-        "Transport", "dist", dist="torch.distributed group", disk="safetensors files"
+        "Transport",
+        "auto",
+        auto="shm when `dapo-async train` runs every role on one host and the generators have "
+        "no GPU of their own (CPU, or one shared GPU), dist otherwise",
+        dist="torch.distributed group (gloo; NCCL between GPUs)",
+        shm="shared memory on one host: buckets in /dev/shm, one copy in, one copy out",
+        disk="safetensors files",
     )
     endpoint: str = F(
         "",

@@ -30,7 +30,7 @@ from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 from dapo_async.weight_sync.base import WeightReceiver
-from dapo_async.weight_sync.factory import backend, make_receiver
+from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,7 +94,7 @@ def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceive
     """This generator's end of weight sync: the vLLM workers themselves with
     ``weight_sync.mode=dist``, else a receiver of the configured mode."""
     run_dir = cfg.resolved_run_dir
-    if cfg.generator.engine == "vllm" and cfg.weight_sync.mode == "dist":
+    if cfg.generator.engine == "vllm" and resolved_mode(cfg) == "dist":
         endpoint = cfg.weight_sync.endpoint or read_endpoint(run_dir, "wsync", timeout_s=timeout_s)
         keys = run_keys_dir(cfg.launch, run_dir)
         return EngineWeightReceiver(

@@ -190,6 +190,7 @@ class Supervisor:
         }
         self.interrupted: list[int] = []
         self.t0 = time.monotonic()
+        self.t0_wall = time.time()  # metrics rows carry wall time: start-up is measured in it
         self.last_status = self.last_logged = 0.0
 
     @property

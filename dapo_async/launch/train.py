@@ -34,6 +34,7 @@ from dapo_async.roles import LAUNCHER_PID_ENV
 from dapo_async.tiny.build import WarmStartError, build
 from dapo_async.tracking import read_metrics
 from dapo_async.utils import free_port
+from dapo_async.weight_sync.slots import remove_slot_files
 
 
 def _cli(*args: str) -> list[str]:
@@ -80,6 +81,11 @@ def prepare_run(cfg):
         backend = plan.wsync_backend("auto")
         cfg = replace(cfg, weight_sync=replace(cfg.weight_sync, backend=backend))
         print(f"GPUs: learner {plan.learner}, generators {plan.generators}; weight sync {backend}")
+    if cfg.weight_sync.mode == "auto":
+        # every role is on this host: where no generator has a GPU of its own, the weights go
+        # through shared memory (NCCL between GPUs is faster where each has one)
+        mode = "dist" if plan.learner is not None and not plan.shared else "shm"
+        cfg = replace(cfg, weight_sync=replace(cfg.weight_sync, mode=mode))
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()
@@ -251,15 +257,18 @@ def main(args: argparse.Namespace) -> int:
         rc = 1
     finally:
         stop_all(sup.roles, cfg.launch.shutdown_timeout_s)  # services and extras too
+        remove_slot_files(run_dir, run_dir.name)  # shared-memory weights a killed learner left
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
     if rc == 0:
-        summary = summarize(run_dir, time.monotonic() - sup.t0, gens)
+        summary = summarize(run_dir, time.monotonic() - sup.t0, gens, sup.t0_wall)
         print(json.dumps(summary) if args.json else format_summary(summary))
     return rc
 
 
-def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
+def summarize(
+    run_dir: Path, seconds: float, gens: list[Role], started_wall: float | None = None
+) -> dict:
     def load(name: str) -> dict:
         p = run_dir / name
         return json.loads(p.read_text()) if p.exists() else {}
@@ -271,6 +280,9 @@ def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
     )
     steps = [r for r in read_metrics(run_dir, "learner") if "rollout/trained_accuracy" in r]
     last = steps[-1] if steps else {}
+    first_step_s = None  # `train` started → the learner's first step logged
+    if steps and started_wall is not None:
+        first_step_s = round(steps[0]["time"] - started_wall, 1)
     return {
         "run_dir": str(run_dir),
         "seconds": round(seconds, 1),
@@ -282,6 +294,7 @@ def summarize(run_dir: Path, seconds: float, gens: list[Role]) -> dict:
         "sampled_accuracy_last": last.get("rollout/sampled_accuracy"),
         "trained_accuracy_last": last.get("rollout/trained_accuracy"),
         "generator_restarts": sum(g.restarts for g in gens),
+        "start_to_first_step_s": first_step_s,
     }
 
 
@@ -294,7 +307,8 @@ def format_summary(s: dict) -> str:
         f"held-out accuracy: {f(s['heldout_accuracy_before'])} before → {f(s['heldout_accuracy_after'])} after\n"
         f"last step: accuracy of all sampled responses {f(s['sampled_accuracy_last'])}, "
         f"of the trained groups (after dynamic sampling) {f(s['trained_accuracy_last'])}\n"
-        f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}\n"
+        f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}   "
+        f"start to first step: {s['start_to_first_step_s']}s\n"
         f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/); Aim: "
         f"{Path(s['run_dir']).resolve().parent / 'aim'}"
     )

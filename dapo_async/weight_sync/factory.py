@@ -12,12 +12,30 @@ def weights_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "weights"
 
 
+def resolved_mode(cfg) -> str:
+    """``weight_sync.mode`` as the roles use it: ``auto`` is resolved by ``dapo-async train``
+    (shm or dist); a role started on its own with ``auto`` uses dist."""
+    return "dist" if cfg.weight_sync.mode == "auto" else cfg.weight_sync.mode
+
+
 def make_publisher(cfg, run_dir: Path, device="cpu") -> WeightPublisher:
     """The publisher of learner rank 0, whose model lives on ``device``."""
-    if cfg.weight_sync.mode == "disk":
+    mode = resolved_mode(cfg)
+    if mode == "disk":
         from dapo_async.weight_sync.disk import DiskWeightPublisher
 
         return DiskWeightPublisher(weights_dir(run_dir))
+    if mode == "shm":
+        from dapo_async.weight_sync.shm import ShmWeightPublisher
+
+        return ShmWeightPublisher(
+            cfg.weight_sync,
+            run_dir,
+            cfg.launch.host,
+            wire_dtype=wire_dtype(cfg, device),
+            keys_dir=run_keys_dir(cfg.launch, run_dir),
+            run_name=Path(run_dir).name if run_dir else "run",
+        )
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
     return DistWeightPublisher(
@@ -42,10 +60,21 @@ def wire_dtype(cfg, device):
 def make_receiver(
     cfg, run_dir: Path, receiver_id: str, connect_timeout_s: float = 30.0
 ) -> WeightReceiver:
-    if cfg.weight_sync.mode == "disk":
+    mode = resolved_mode(cfg)
+    if mode == "disk":
         from dapo_async.weight_sync.disk import DiskWeightReceiver
 
         return DiskWeightReceiver(weights_dir(run_dir), receiver_id)
+    if mode == "shm":
+        from dapo_async.weight_sync.shm import ShmWeightReceiver
+
+        return ShmWeightReceiver(
+            cfg.weight_sync,
+            run_dir,
+            receiver_id,
+            connect_timeout_s=connect_timeout_s,
+            keys_dir=run_keys_dir(cfg.launch, run_dir),
+        )
     from dapo_async.weight_sync.dist import DistWeightReceiver
 
     return DistWeightReceiver(

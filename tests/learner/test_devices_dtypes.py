@@ -88,6 +88,21 @@ def test_trainer_state_is_loaded_onto_the_host(monkeypatch, tmp_path):
 
 
 def test_rng_state_has_a_cuda_entry_that_round_trips():
+    """Every generator in use comes back: python, numpy, torch, and each GPU's where CUDA is
+    initialised (on a GPU machine an earlier test may have done so: the entry follows that)."""
+    import random
+
+    import numpy as np
+
+    def draws():
+        out = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+        if torch.cuda.is_initialized():
+            out.append(float(torch.rand(1, device="cuda")))
+        return out
+
     state = checkpoint.rng_state()
-    assert state["cuda"] == []  # no CUDA in use here; the GPU path saves every device's state
+    want_cuda = torch.cuda.device_count() if torch.cuda.is_initialized() else 0
+    assert len(state["cuda"]) == want_cuda
+    first = draws()
     checkpoint.set_rng_state(state)
+    assert draws() == first
