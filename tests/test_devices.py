@@ -53,17 +53,38 @@ def test_old_model_dtype_key_names_its_replacements():
         load_config(None, ["model.dtype=bfloat16"])
 
 
-@pytest.mark.parametrize(("gpus", "backend", "gen"), [(1, "gloo", "0"), (2, "nccl", "1")])
-def test_launcher_gives_each_role_its_gpus(monkeypatch, tiny_model, tmp_path, gpus, backend, gen):
+@pytest.mark.parametrize(
+    ("gpus", "backend", "gen", "mode"), [(1, "gloo", "0", "shm"), (2, "nccl", "1", "dist")]
+)
+def test_launcher_gives_each_role_its_gpus(
+    monkeypatch, tiny_model, tmp_path, gpus, backend, gen, mode
+):
+    """One shared GPU: weights through shared memory (gloo kept as dist mode's backend); a GPU
+    per role: NCCL between them."""
     monkeypatch.setattr(train, "cuda_device_count", lambda: gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = load_config(None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}"])
     cfg, run_dir, cfg_path = train.prepare_run(cfg)
     assert cfg.weight_sync.backend == backend
     assert load_config(str(cfg_path), []).weight_sync.backend == backend  # what roles read
+    assert load_config(str(cfg_path), []).weight_sync.mode == mode
     _, learner, gens = train.make_roles(cfg, cfg_path, run_dir, resume=False)
     assert learner.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert gens[0].env["CUDA_VISIBLE_DEVICES"] == gen
+
+
+def test_launcher_sends_weights_through_shared_memory_on_a_cpu_host(
+    monkeypatch, tiny_model, tmp_path
+):
+    monkeypatch.setattr(train, "cuda_device_count", lambda: 0)
+    cfg = load_config(None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}"])
+    _, _, cfg_path = train.prepare_run(cfg)
+    assert load_config(str(cfg_path), []).weight_sync.mode == "shm"
+    explicit = load_config(
+        None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'r2'}", "weight_sync.mode=dist"]
+    )
+    _, _, cfg_path = train.prepare_run(explicit)
+    assert load_config(str(cfg_path), []).weight_sync.mode == "dist"  # a choice is kept
 
 
 def test_gpu_check_does_not_initialise_cuda_and_vllm_workers_are_spawned(python):
