@@ -1,7 +1,7 @@
 """Semantic checks of a scored group at ingest, beyond what the protocol can check: a group that
 decodes fine can still crash the learner (a token id outside the vocabulary) or train on
 something that was never asked (a prompt other than the leased one, a response longer than
-``generator.max_tokens``). A failing group is rejected with a reason, counted, acknowledged (so
+``generator.max_tokens``, more or fewer responses than ``generator.responses_per_prompt``). A failing group is rejected with a reason, counted, acknowledged (so
 the generator drops it) and its prompt is leased again; nothing of it is stored."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def forbidden(role: str | None, msg: protocol.Message, authenticated: bool) -> b
 class GroupLimits:
     vocab_size: int  # token ids must be in [0, vocab_size); 0 = unknown (not checked)
     max_response_tokens: int  # generator.max_tokens
+    responses_per_group: int = 0  # generator.responses_per_prompt; 0 = not checked
 
 
 def model_vocab_size(model_dir: str | Path) -> int:
@@ -48,8 +49,11 @@ def model_vocab_size(model_dir: str | Path) -> int:
 
 
 def semantic_error(group: Group, limits: GroupLimits, leased_prompt: list[int] | None) -> str:
-    """The reason ``group`` must not be stored ("" when it may): ``token_range``,
-    ``response_too_long`` or ``prompt_mismatch``. ``leased_prompt`` None: no lease to compare."""
+    """The reason ``group`` must not be stored ("" when it may): ``group_size``,
+    ``token_range``, ``response_too_long`` or ``prompt_mismatch``. ``leased_prompt`` None: no
+    lease to compare."""
+    if limits.responses_per_group and group.num_responses != limits.responses_per_group:
+        return "group_size"  # a 2,048-response group would train as 256 normal ones
     if limits.vocab_size:
         for arr in (group.tokens, group.prompt_tokens):
             if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limits.vocab_size):

@@ -93,7 +93,11 @@ def main(args: argparse.Namespace) -> int:
     svc = BufferService(
         cfg.buffer,
         cfg.data.shuffle_seed,
-        GroupLimits(model_vocab_size(cfg.model.source_dir), cfg.generator.max_tokens),
+        GroupLimits(
+            model_vocab_size(cfg.model.source_dir),
+            cfg.generator.max_tokens,
+            cfg.generator.responses_per_prompt,
+        ),
         prompts,
         tokens,
         server,

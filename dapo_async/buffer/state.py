@@ -147,14 +147,13 @@ class BufferState:
         if status:
             return status
         if group.components.shape[1] != len(self.component_names):
-            self.counters.rejected["component_names"] += 1
-            self._remember(gid)
-            return "rejected:component_names"
-        lease = self.leases.pop(group.prompt_id, None)
-        if lease is None:
+            return self.reject(group, "component_names")
+        lease = self.leases.get(group.prompt_id)
+        if lease is None or lease.generator_id != group.generator_id:
+            # not remembered: an id refused here must not make a later real group a duplicate
             self.counters.rejected["unknown_lease"] += 1
-            self._remember(gid)
             return "rejected:unknown_lease"
+        del self.leases[group.prompt_id]
         self._remember(gid)
         self.counters.produced += 1
         self.counters.accepted += 1
@@ -179,14 +178,17 @@ class BufferState:
         return "stored"
 
     def reject(self, group: Group, reason: str) -> str:
-        """Refuse a group on its lease for ``reason`` (the semantic checks): nothing is stored,
-        the prompt is leased again, the id is remembered so a resend is acked as a duplicate."""
+        """Refuse a group for ``reason`` (the semantic checks): nothing is stored, and the
+        prompt of the lease it names is leased again — only when that lease is its sender's.
+        Its id is not remembered (only stored groups are): a refused id, sent by a buggy or
+        hostile peer under another generator's name, cannot make that generator's real group
+        a duplicate."""
         status = self._sender_status(group)
         if status:
             return status
-        self._remember(group.group_id)
-        lease = self.leases.pop(group.prompt_id, None)
-        if lease is not None:
+        lease = self.leases.get(group.prompt_id)
+        if lease is not None and lease.generator_id == group.generator_id:
+            del self.leases[group.prompt_id]
             self.cursor.requeue(lease.prompt_index)
         self.counters.rejected[reason] += 1
         return f"rejected:{reason}"

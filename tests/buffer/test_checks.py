@@ -27,6 +27,11 @@ def test_each_reason():
     assert semantic_error(long, LIMITS, [1, 2]) == "response_too_long"
     assert semantic_error(ok, LIMITS, [1, 2, 3]) == "prompt_mismatch"
     assert semantic_error(ok, LIMITS, [2, 1]) == "prompt_mismatch"
+    # a group of another size than generator.responses_per_prompt
+    sized = GroupLimits(vocab_size=128, max_response_tokens=8, responses_per_group=2)
+    assert semantic_error(ok, sized, [1, 2]) == ""
+    assert semantic_error(group("g", 0, 0, acc=(1, 0) * 1024), sized, [1, 2]) == "group_size"
+    assert semantic_error(group("g", 0, 0, acc=(1,)), sized, [1, 2]) == "group_size"
     # an unknown vocabulary size is not checked
     assert semantic_error(poison, GroupLimits(0, 8), [1, 2]) == ""
 
@@ -39,7 +44,8 @@ def test_rejected_group_frees_its_prompt_and_is_never_stored():
     assert s.reject(poison, "token_range") == "rejected:token_range"
     assert not s.groups and not s.leases
     assert s.counters.rejected["token_range"] == 1 and s.counters.produced == 0
-    assert s.reject(poison, "token_range") == "duplicate"  # a resend is acked, not recounted
+    # a resend is refused again: refused ids are not remembered (only stored groups are)
+    assert s.reject(poison, "token_range") == "rejected:token_range"
     (again,) = s.grant("g", 1)
     assert again.prompt_index == lease.prompt_index  # the prompt is generated again
 

@@ -196,3 +196,39 @@ def test_a_checkpoint_beyond_the_learner_is_refused():
     assert s.checkpointed_step == -1 and s.version == 0
     s.mark_checkpoint(0)  # the real one
     assert s.checkpointed_step == 0
+
+
+def test_a_refused_id_cannot_silence_the_real_group_that_later_uses_it():
+    """The insider hang: a peer sends groups under a real generator's id and next sequence
+    numbers on leases it does not hold. They are refused; the real groups with those ids are
+    then stored, not acked as duplicates (which left their leases outstanding for ever)."""
+    s = state()
+    leases = s.grant("g", 2)
+    for seq in (0, 1):
+        assert s.ingest(group("g", seq, 999)) == "rejected:unknown_lease"
+    for seq, ls in enumerate(leases):
+        assert s.ingest(group("g", seq, ls.lease_id)) == "stored"
+    assert not s.leases and len(s.groups) == 2
+
+
+def test_a_group_never_touches_a_lease_another_generator_holds():
+    s = state()
+    s.hello("h")
+    (theirs,) = s.grant("h", 1)
+    assert s.ingest(group("g", 0, theirs.lease_id)) == "rejected:unknown_lease"
+    assert s.reject(group("g", 1, theirs.lease_id), "token_range") == "rejected:token_range"
+    assert theirs.lease_id in s.leases  # still h's
+    assert s.ingest(group("h", 0, theirs.lease_id)) == "stored"
+
+
+def test_a_group_with_the_wrong_component_columns_frees_its_lease():
+    import numpy as np
+
+    s = state()
+    (ls,) = s.grant("g", 1)
+    bad = group("g", 0, ls.lease_id)
+    bad.components = np.zeros((2, 5), np.float32)
+    assert s.ingest(bad) == "rejected:component_names"
+    assert not s.leases and not s.groups
+    (again,) = s.grant("g", 1)
+    assert again.prompt_index == ls.prompt_index  # leased again, not left outstanding
