@@ -51,6 +51,7 @@ def load(self, snap: dict, groups: list[Group]) -> None:
     self.generators = {g: now for g in snap["generators"]}
     self.groups = {g.group_id: g for g in groups}
     self.ready = deque(tuple(g) for g in snap["ready"])
+    self.reindex_ready()
     self.steps = OrderedDict(
         (s, StepBatch(s, [tuple(g) for g in ids], shards, tok))
         for s, ids, shards, tok in snap["steps"]

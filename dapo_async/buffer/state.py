@@ -64,7 +64,10 @@ class BufferState:
         self.leases: dict[int, Lease] = {}
         self.generators: dict[str, float] = {}  # id -> last seen
         self.groups: dict[GroupId, Group] = {}  # stored: qualified, not yet freed
-        self.ready: deque[GroupId] = deque()  # qualified, not assigned
+        # qualified, not assigned; kept in order of each group's oldest token version (then
+        # arrival), which ``oldest`` holds, computed once at ingest: assembly pops from the left
+        self.ready: deque[GroupId] = deque()
+        self.oldest: dict[GroupId, int] = {}
         self.steps: OrderedDict[int, StepBatch] = OrderedDict()
         self.counted_steps: set[int] = set()  # steps whose groups count as trained
         self.rank_steps: dict[int, int] = {}  # learner rank -> last step it asked for
@@ -172,7 +175,7 @@ class BufferState:
                 self.counters.dropped["filtered"] += 1
                 return "stored"
         self.groups[gid] = group
-        self.ready.append(gid)
+        self._enqueue(gid, self._oldest_version(gid))
         self.counters.qualified += 1
         self.len_hist["qualified"].update(group.response_lens.tolist())
         return "stored"
@@ -207,6 +210,20 @@ class BufferState:
     def leased_prompt_index(self, lease_id: int) -> int | None:
         lease = self.leases.get(lease_id)
         return None if lease is None else lease.prompt_index
+
+    def _enqueue(self, gid: GroupId, oldest: int) -> None:
+        """Insert into ``ready`` after every group no newer than it (groups mostly arrive in
+        version order: the walk from the right stops at once)."""
+        self.oldest[gid] = oldest
+        i = len(self.ready)
+        while i > 0 and self.oldest[self.ready[i - 1]] > oldest:
+            i -= 1
+        self.ready.insert(i, gid)
+
+    def reindex_ready(self) -> None:
+        """Rebuild ``oldest`` and the order of ``ready`` (after a restore)."""
+        self.oldest = {gid: self._oldest_version(gid) for gid in self.ready}
+        self.ready = deque(sorted(self.ready, key=self.oldest.__getitem__))
 
     def _remember(self, gid: GroupId) -> None:
         self.seen[gid] = None
@@ -244,6 +261,7 @@ class BufferState:
             g = self.groups[gid]
             if g.num_tokens and int(g.versions.max()) > step:
                 del self.groups[gid]
+                del self.oldest[gid]
                 self.counters.dropped["rolled_back"] += 1
             else:
                 keep.append(gid)
@@ -294,18 +312,21 @@ class BufferState:
             return None
         min_version = step - self.cfg.max_staleness
         # oldest first (earliest deadline), then arrival: a slow group is not overtaken
-        self.ready = deque(sorted(self.ready, key=lambda gid: self._oldest_version(gid)))
-        fresh: list[GroupId] = []
-        while self.ready and len(fresh) < need:
+        picked: list[tuple[GroupId, int]] = []
+        while self.ready and len(picked) < need:
             gid = self.ready.popleft()
-            if self._oldest_version(gid) < min_version:
+            oldest = self.oldest.pop(gid)
+            if oldest < min_version:
                 del self.groups[gid]
                 self.counters.dropped["stale"] += 1
                 continue
-            fresh.append(gid)
-        if len(fresh) < need:
-            self.ready.extendleft(reversed(fresh))
+            picked.append((gid, oldest))
+        if len(picked) < need:
+            for gid, oldest in reversed(picked):
+                self.oldest[gid] = oldest
+                self.ready.appendleft(gid)
             return None
+        fresh = [gid for gid, _ in picked]
         tokens = [self.groups[g].num_tokens for g in fresh]
         for g in fresh:
             self.len_hist["trained"].update(self.groups[g].response_lens.tolist())

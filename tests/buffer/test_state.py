@@ -232,3 +232,18 @@ def test_a_group_with_the_wrong_component_columns_frees_its_lease():
     assert not s.leases and not s.groups
     (again,) = s.grant("g", 1)
     assert again.prompt_index == ls.prompt_index  # leased again, not left outstanding
+
+
+def test_ready_groups_stay_in_version_order_without_sorting_at_assembly():
+    """Each group's oldest token version is computed once, at ingest, and the ready queue is
+    kept in that order (then arrival): assembly takes from the left, and a restore re-sorts."""
+    s = state(max_staleness=4, groups_per_step=2)
+    s.advance(3)
+    leases = s.grant("g", 5)
+    for seq, (ls, v) in enumerate(zip(leases, (3, 1, 2, 1, 0))):
+        assert s.ingest(group("g", seq, ls.lease_id, version=v)) == "stored"
+    assert [s.oldest[g] for g in s.ready] == [0, 1, 1, 2, 3]
+    assert [g[1] for g in s.ready] == [4, 1, 3, 2, 0]  # equal versions keep arrival order
+    groups, _, n = s.batch(3, 0, 1)
+    assert n == 2 and sorted(groups.group_ids()) == [("g", 1), ("g", 4)]
+    assert [s.oldest[g] for g in s.ready] == [1, 2, 3] and len(s.oldest) == 3
