@@ -48,7 +48,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
     paths = generate_keys(args.out)
     print(f"server public key: {paths['server']}")
-    print(f"server secret key: {paths['server_secret']} (stays on the buffer host)")
+    print(
+        f"server secret key: {paths['server_secret']} (only on the hosts that serve: the "
+        "buffer, learner rank 0's weight-sync store, a reward server)"
+    )
     for role in ("learner", "generator", "client"):
         print(f"{role} key pair: {paths[role]}, {paths[role + '_secret']}")
     print(f"authorized client keys: {paths['authorized']}/")
@@ -144,7 +147,15 @@ def _add_model_commands(sub) -> None:
         default="dapo_math",
         help="dapo_math | dapo_math_lenient | boxed | code | package.module:function",
     )
-    p.add_argument("--ground-truth", required=True)
+    p.add_argument(
+        "--ground-truth",
+        required=True,
+        help='the answer; for code: JSON {"tests": [{"input": stdin, "output": stdout}, ...]}',
+    )
+    p.add_argument("--prompt", default="", help="the prompt (four-argument functions)")
+    p.add_argument(
+        "--extra-info", default="{}", help="JSON object for four-argument functions' extra_info"
+    )
     p.set_defaults(func=_lazy("dapo_async.reward.cli", "main"))
 
     p = sub.add_parser(

@@ -16,6 +16,7 @@ from dapo_async import transport
 from dapo_async.buffer.checks import GroupLimits, model_vocab_size
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
+from dapo_async.config.paths import check_model_dirs
 from dapo_async.data.datasets import load_source
 from dapo_async.data.prompts import encode_in_child
 from dapo_async.keys import generate_keys, run_keys_dir
@@ -72,6 +73,7 @@ def previous_port(run_dir) -> int:
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
+    check_model_dirs(cfg)
     log = setup_logging("buffer")
     stop = StopFlag().install()
     run_dir = cfg.resolved_run_dir

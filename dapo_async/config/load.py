@@ -59,6 +59,23 @@ def _key_error(full_key: str) -> ConfigError:
     return ConfigError(full_key, f"unknown key{hint}")
 
 
+def _is_section(dotted: str) -> bool:
+    """Whether ``dotted`` names a whole section (``learner``, ``generator``), not a value."""
+    holder = _section_type(RunConfig, dotted)
+    leaf = dotted.split(".")[-1]
+    if holder is None or leaf not in {f.name for f in dataclasses.fields(holder)}:
+        return False
+    return dataclasses.is_dataclass(_field_type(holder, leaf))
+
+
+def _yaml_error(p: Path, e: yaml.YAMLError) -> ConfigError:
+    """One line naming the file, the line and column, and what the parser expected."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return ConfigError("config", f"{p} is not valid YAML{where}: {problem}")
+
+
 def _merge(base: Any, other: Any, what: str) -> Any:
     try:
         return OmegaConf.merge(base, other)
@@ -77,12 +94,14 @@ def load_config(
     cfg = OmegaConf.structured(RunConfig)
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError("config", f"{p} is a directory, not a YAML config file")
         if not p.is_file():
             raise ConfigError("config", f"file not found: {p}")
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
+            raise _yaml_error(p, e) from None
         if not isinstance(data, dict):
             raise ConfigError("config", f"{p} must hold a mapping at the top level")
         cfg = _merge(cfg, OmegaConf.create(data), str(p))
@@ -90,6 +109,12 @@ def load_config(
         if "=" not in item:
             raise ConfigError(item, "override must look like key.path=value")
         key, _, _ = item.partition("=")
+        if _is_section(key):
+            raise ConfigError(
+                key,
+                f"is a section, not a value: set its keys ({key}.<key>=...; "
+                "`dapo-async config docs` lists them)",
+            )
         try:
             dot = OmegaConf.from_dotlist([item])
         except OmegaConfBaseException as e:

@@ -18,6 +18,7 @@ import sys
 import time
 
 from dapo_async.config import load_config
+from dapo_async.config.paths import check_model_dirs
 from dapo_async.roles import StopFlag, set_threads, setup_logging
 
 # How often an idle evaluator looks for a new snapshot (evaluations take seconds).
@@ -26,6 +27,7 @@ POLL_S = 0.5
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
+    check_model_dirs(cfg)
     log = setup_logging("evaluator")
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)

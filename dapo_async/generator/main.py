@@ -16,6 +16,7 @@ import zmq
 
 from dapo_async import transport
 from dapo_async.config import load_config
+from dapo_async.config.paths import check_model_dirs
 from dapo_async.devices import on_gpu
 from dapo_async.engines import make_engine
 from dapo_async.engines.base import SamplingParams
@@ -35,6 +36,7 @@ from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
+    check_model_dirs(cfg)
     # Unique per process: a restarted generator must not reuse the group ids (id, seq) of its
     # previous incarnation, which the buffer would ack as duplicates.
     gen_id = f"{args.id or 'gen'}-{uuid.uuid4().hex[:8]}"

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dapo_async.checkpoint_dirs import latest
 from dapo_async.config import load_config, save_resolved
+from dapo_async.config.paths import check_model_dirs
 from dapo_async.data.tasks import parse_source
 from dapo_async.devices import DevicePlan, cuda_device_count, plan_devices, role_env
 from dapo_async.keys import generate_keys, run_keys_dir
@@ -74,6 +75,7 @@ def prepare_run(cfg):
     cfg = replace(cfg, run_dir=str(run_dir))
     if not cfg.model.path:
         build_tiny_policy(cfg)
+    check_model_dirs(cfg)
     plan = device_plan(cfg)
     if plan.learner is not None and cfg.weight_sync.backend == "auto":
         # NCCL refuses two ranks on one GPU: where generators share the learner's devices the

@@ -38,7 +38,8 @@ def resolve(name: str) -> Callable[[str, str], dict]:
         return code_exec
     if ":" not in name:
         raise RewardError(
-            f"unknown reward function {name!r}: use {sorted(BUILTIN)} or 'package.module:function'"
+            f"unknown reward function {name!r}: use one of {sorted([*BUILTIN, 'code'])} or "
+            "'package.module:function'"
         )
     mod_name, _, attr = name.partition(":")
     try:

@@ -50,10 +50,12 @@ def _engine(args, cfg, model_dir: str):
 
 
 def main(args: argparse.Namespace) -> int:
+    from dapo_async.config.paths import check_model_dirs
     from dapo_async.data.datasets import load_heldout
     from dapo_async.roles import set_threads
 
     cfg = eval_config(args)
+    check_model_dirs(cfg, args.model)
     set_threads(cfg.launch.torch_threads)
     from transformers import AutoTokenizer
 
