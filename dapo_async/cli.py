@@ -204,7 +204,7 @@ def _add_tools(sub) -> None:
         "--grid", action="append", default=[], help="KEY=V1,V2,... (repeat for a product grid)"
     )
     p.add_argument("--steps", type=int, default=8, help="learner steps per point")
-    p.add_argument("--out", default="", help="folder for the runs (default: a temp folder)")
+    p.add_argument("--out", default="", help="folder for the runs (default: runs/tune-<time>)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument(
         "--recommend",
@@ -230,7 +230,12 @@ def _add_tools(sub) -> None:
 
     p = sub.add_parser("dashboard", help="serve the run's Aim repo (`aim up`) until Ctrl-C")
     p.add_argument("run_dir", help="the run directory (or an Aim repo with --repo)")
-    p.add_argument("--repo", default="", help="Aim repo path; default RUN_DIR/aim")
+    p.add_argument(
+        "--repo",
+        default="",
+        help="Aim repo path; default: the project's repo beside the run directory (runs/aim), "
+        "or RUN_DIR/aim for a run that kept its own",
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=43800, help="UI port")
     p.set_defaults(func=_lazy("dapo_async.tools.dashboard", "main"))

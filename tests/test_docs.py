@@ -55,3 +55,55 @@ def test_readme_lists_every_bench():
     readme = (REPO / "README.md").read_text()
     missing = [name for name in BENCHES if f"`dapo-async bench {name}" not in readme]
     assert not missing, f"README's bench table lacks: {missing}"
+
+
+def _doc_sources() -> list[Path]:
+    return [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "configs").glob("*.yaml")),
+    ]
+
+
+def test_every_doc_reference_names_a_file_in_the_repository():
+    """`docs/x.md` (or a `configs/`, `tools/`, `dapo_async/` path) cited in the README, the docs
+    or a shipped config exists; no doc points outside the repository (``../``)."""
+    missing, outside = [], []
+    for path in _doc_sources():
+        text = path.read_text()
+        for ref in re.findall(r"\b((?:docs|configs|tools)/[\w./-]+\.(?:md|yaml|sh|sbatch))", text):
+            if not (REPO / ref).exists():
+                missing.append(f"{path.name}: {ref}")
+        outside += [f"{path.name}: {m}" for m in re.findall(r"\.\./[\w./-]+", text)]
+    assert not missing, missing
+    assert not outside, outside
+
+
+def test_a_cited_section_exists():
+    """``(docs/x.md, Section)`` and ``docs/x.md's "Section"``: the file has that heading."""
+    bad = []
+    for path in _doc_sources():
+        for doc, section in re.findall(r"(docs/[\w-]+\.md), ([A-Z][\w -]+)\)", path.read_text()):
+            headings = re.findall(r"^#+ (.+)$", (REPO / doc).read_text(), flags=re.M)
+            if not any(h.startswith(section.strip()) for h in headings):
+                bad.append(f"{path.name}: {doc}, {section}")
+    assert not bad, bad
+
+
+def test_help_defaults_say_what_the_code_does():
+    """`tune --out` and `dashboard --repo`: what their help calls the default is what runs."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    tune = {a.dest: a.help for a in sub.choices["tune"]._actions}
+    assert "runs/tune-" in tune["out"]
+    assert 'Path("runs") / f"tune-' in (REPO / "dapo_async" / "bench" / "tune.py").read_text()
+    dash = {a.dest: a.help for a in sub.choices["dashboard"]._actions}
+    assert "runs/aim" in dash["repo"]
+
+
+def test_architecture_quotes_no_bench_figure_results_lacks():
+    """Measured figures live in docs/results.md with their command; the architecture refers
+    to them instead of quoting numbers of its own next to a bench."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    quoted = re.findall(r"`dapo-async bench \w+[^`]*` measured\s+[\d.]+", text)
+    assert not quoted, quoted
