@@ -30,6 +30,8 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 def cmd_config(args: argparse.Namespace) -> int:
     from dapo_async import config
 
+    if args.action == "docs" and args.config:
+        return _explain(args.config)
     if args.action == "docs":
         print("| key | default | accepts | description |\n| --- | --- | --- | --- |")
         for key, doc, default, accepts in config.field_docs():
@@ -40,6 +42,22 @@ def cmd_config(args: argparse.Namespace) -> int:
         raise CliError("config show needs a config file")
     cfg = config.load_config(args.config, args.overrides)
     print(config.to_yaml(cfg), end="")
+    return 0
+
+
+def _explain(key: str) -> int:
+    """`config docs KEY`: the key (or every key of a section) with default, rule and doc."""
+    import textwrap
+
+    from dapo_async import config
+    from dapo_async.config.load import unknown_key
+
+    rows = [r for r in config.field_docs() if r[0] == key or r[0].startswith(key + ".")]
+    if not rows:
+        raise unknown_key(key)
+    for name, doc, default, accepts in rows:
+        print(f"{name} = {json.dumps(default)}    ({accepts})")
+        print(textwrap.fill(doc, width=96, initial_indent="    ", subsequent_indent="    "))
     return 0
 
 
@@ -175,7 +193,11 @@ def _add_model_commands(sub) -> None:
 
 def _add_admin(sub) -> None:
     """config, keys."""
-    p = sub.add_parser("config", help="show the resolved config, or the key reference")
+    p = sub.add_parser(
+        "config",
+        help="show the resolved config, or the key reference (`config docs KEY`: one key or "
+        "section)",
+    )
     p.add_argument("action", choices=["show", "docs"])
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_config)

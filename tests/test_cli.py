@@ -82,3 +82,27 @@ def test_reward_score_takes_every_documented_form(python, cli_env, repo):
         "TRUTH", "--extra-info", "[1]",
     )  # fmt: skip
     assert rc == 1 and err == ["dapo-async reward: error: --extra-info must be a JSON object"]
+
+
+def test_config_docs_explains_one_key_or_a_section(capsys):
+    assert main(["config", "docs", "algo.clip_high"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("algo.clip_high = 0.28") and "clip" in out[1]
+    assert main(["config", "docs", "weight_sync"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = [line.split(" = ")[0] for line in lines if not line.startswith(" ")]
+    assert "weight_sync.mode" in keys and all(k.startswith("weight_sync.") for k in keys)
+    assert main(["config", "docs", "algo.clip_hihg"]) == 1
+    assert "did you mean `clip_high`?" in capsys.readouterr().err
+
+
+def test_python_api_overrides_train_errors_and_evaluate(tiny_model):
+    import dapo_async
+    from dapo_async.api import _overrides
+
+    got = _overrides({"a.b": True}, {"algo__clip_high": 0.3, "data__sources": {"x": 1}})
+    assert got == ["a.b=true", "algo.clip_high=0.3", 'data.sources={"x": 1}']
+    with pytest.raises(RuntimeError, match="unknown key"):
+        dapo_async.train("configs/tiny_cpu.yaml", algo__clip_hihg=0.3)
+    res = dapo_async.evaluate(model=str(tiny_model), data__num_eval=4)
+    assert res["k"] == 1 and res["num_prompts"] == 4 and 0.0 <= res["avg_at_k"] <= 1.0

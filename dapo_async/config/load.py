@@ -45,7 +45,7 @@ RENAMED = {
 }
 
 
-def _key_error(full_key: str) -> ConfigError:
+def unknown_key(full_key: str) -> ConfigError:
     """An unknown-key error with the nearest valid name."""
     if full_key in RENAMED:
         return ConfigError(full_key, f"no longer a key: {RENAMED[full_key]}")
@@ -80,7 +80,7 @@ def _merge(base: Any, other: Any, what: str) -> Any:
     try:
         return OmegaConf.merge(base, other)
     except ConfigKeyError as e:
-        raise _key_error(str(e.full_key)) from None
+        raise unknown_key(str(e.full_key)) from None
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or what)
         msg = str(e).splitlines()[0]

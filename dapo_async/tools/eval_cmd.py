@@ -50,6 +50,19 @@ def _engine(args, cfg, model_dir: str):
 
 
 def main(args: argparse.Namespace) -> int:
+    out = run_eval(args)
+    print(
+        f"avg@{out['k']} {out['avg_at_k']:.4f}  pass@{out['k']} {out['pass_at_k']:.4f}  on "
+        f"{out['num_prompts']} prompts ({args.engine})",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> dict:
+    """The evaluation the command prints, as a dict (``dapo_async.evaluate`` returns it)."""
     from dapo_async.config.paths import check_model_dirs
     from dapo_async.data.datasets import load_heldout
     from dapo_async.roles import set_threads
@@ -87,14 +100,7 @@ def main(args: argparse.Namespace) -> int:
         "data": cfg.data.eval_source or cfg.data.source,
         "per_source": _per_source(res),
     }
-    print(
-        f"avg@{out['k']} {out['avg_at_k']:.4f}  pass@{out['k']} {out['pass_at_k']:.4f}  on "
-        f"{out['num_prompts']} prompts ({args.engine})",
-        file=sys.stderr,
-    )
-    if args.json:
-        print(json.dumps(out))
-    return 0
+    return out
 
 
 def _per_source(res: dict) -> dict:
