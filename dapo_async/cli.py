@@ -32,6 +32,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.action == "docs" and args.config:
         return _explain(args.config)
+    if args.action == "check":
+        if args.config is None:
+            raise CliError("config check needs a config file")
+        from dapo_async.tools.config_check import main as check_main
+
+        return check_main(args)
     if args.action == "docs":
         print("| key | default | accepts | description |\n| --- | --- | --- | --- |")
         for key, doc, default, accepts in config.field_docs():
@@ -195,10 +201,10 @@ def _add_admin(sub) -> None:
     """config, keys."""
     p = sub.add_parser(
         "config",
-        help="show the resolved config, or the key reference (`config docs KEY`: one key or "
-        "section)",
+        help="show the resolved config, check it against its model and data, or the key "
+        "reference (`config docs KEY`: one key or section)",
     )
-    p.add_argument("action", choices=["show", "docs"])
+    p.add_argument("action", choices=["show", "check", "docs"])
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_config)
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dapo_async.checkpoint_dirs import latest
-from dapo_async.config import load_config, save_resolved
+from dapo_async.config import ConfigError, load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
 from dapo_async.data.tasks import parse_source
 from dapo_async.devices import DevicePlan, cuda_device_count, plan_devices, role_env
@@ -33,6 +33,7 @@ from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.launch.supervisor import Role, Supervisor, stop_all
 from dapo_async.roles import LAUNCHER_PID_ENV
 from dapo_async.tiny.build import WarmStartError, build
+from dapo_async.tools.config_check import problems as config_problems
 from dapo_async.tracking import read_metrics
 from dapo_async.utils import free_port
 from dapo_async.weight_sync.slots import remove_slot_files
@@ -76,6 +77,11 @@ def prepare_run(cfg):
     if not cfg.model.path:
         build_tiny_policy(cfg)
     check_model_dirs(cfg)
+    found = config_problems(cfg)  # `dapo-async config check`: lengths, tokenizer, data files
+    for line in found:
+        print(f"[train] config check: {line}", file=sys.stderr)
+    if found:
+        raise ConfigError("config check", f"{len(found)} problem(s), listed above")
     plan = device_plan(cfg)
     if plan.learner is not None and cfg.weight_sync.backend == "auto":
         # NCCL refuses two ranks on one GPU: where generators share the learner's devices the

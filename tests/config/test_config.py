@@ -217,8 +217,7 @@ def test_every_shipped_config_loads(repo):
 
 def test_config_show_accepts_the_real_model_example(repo, cli_env):
     out = subprocess.run(
-        [sys.executable, "-m", "dapo_async.cli", "config", "show",
-         "configs/qwen2.5_math_7b_dapo.yaml"],
+        [sys.executable, "-m", "dapo_async.cli", "config", "show", "configs/qwen2.5_32b_dapo.yaml"],
         capture_output=True, text=True, cwd=repo, env=cli_env, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
