@@ -2,10 +2,14 @@
 
 Each test runs ``python -I solution.py`` in a fresh temp directory with its input on stdin and
 these limits: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE),
-processes (RLIMIT_NPROC; as root the child first drops to user ``nobody`` so the limit holds),
+processes (RLIMIT_NPROC; as root the child first drops to a user of its own, so the limit holds),
 stdout/stderr bytes (read through a pipe; the run is killed past the limit) and wall-clock time.
-The child leads its own process group, which is killed as a whole when the run ends, so forked
-children do not outlive it, and runs in a new, empty network namespace (no route anywhere, not
+Nothing the code starts outlives the run: as root each run gets a user id no other process has
+(``sandbox_uid``: a range above any real account, one id per concurrent run of this process,
+the process id keeping them apart across processes), and when the run ends every process of that
+user is killed (``kill(-1)`` from a helper that becomes the user) — children that left the
+process group (``setsid``, ``start_new_session``, double forks) included. Without root the child
+leads its own process group, which is killed as a whole. The child runs in a new, empty network namespace (no route anywhere, not
 even to this machine's loopback listeners; ``Limits.isolate_network``). As root it also gets a
 private mount namespace in which every mount is read-only except its temp directory
 (``Limits.isolate_filesystem``); without root, writes are limited by the user's own rights. A run that hits a limit is tagged (``timeout``, ``cpu_limit``,
@@ -31,7 +35,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-NOBODY_UID = 65534
+# Sandbox user ids: SANDBOX_UID_BASE + pid × SLOTS_PER_PROCESS + slot. The base sits above any
+# account a system creates (useradd stops at 60000; containers map at most 2^16 or 2^32 ids)
+# and the ids need no passwd entry: the kernel checks numbers. pid < 2^22 (the kernel's largest
+# pid_max), so ids stay below 2^31.
+SANDBOX_UID_BASE = 1 << 30
+SLOTS_PER_PROCESS = 64
+# kill(-1) passes per cleanup: a process forking as the first pass lands can leave a child.
+KILL_PASSES = 5
 # Exit status of a child that could not enter its network namespace (tagged "sandbox_error").
 NO_NAMESPACE_EXIT = 111
 _CODE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -116,14 +127,66 @@ def _isolate(limits: Limits, workdir: bytes, mounts: list[bytes]) -> None:
             os._exit(NO_NAMESPACE_EXIT)
 
 
-def _preexec(limits: Limits, workdir: str, mounts: list[bytes]):
+class _UidSlots:
+    """The sandbox user ids of this process, one per concurrent run."""
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+        self.free = list(range(SLOTS_PER_PROCESS))
+
+    def take(self) -> int:
+        with self.lock:
+            if not self.free:
+                raise RuntimeError(f"more than {SLOTS_PER_PROCESS} sandboxes at once")
+            slot = self.free.pop()
+        return SANDBOX_UID_BASE + (os.getpid() % (1 << 22)) * SLOTS_PER_PROCESS + slot
+
+    def give(self, uid: int) -> None:
+        with self.lock:
+            self.free.append((uid - SANDBOX_UID_BASE) % SLOTS_PER_PROCESS)
+
+
+_UIDS = _UidSlots()
+
+
+_KILL_ALL = (
+    "import os, signal\n"
+    f"for _ in range({KILL_PASSES}):\n"
+    "    try:\n"
+    "        os.kill(-1, signal.SIGKILL)\n"
+    "    except ProcessLookupError:\n"
+    "        break\n"
+)
+
+
+def _kill_user(uid: int) -> None:
+    """SIGKILL every process of ``uid``: a helper running as that user calls kill(-1), which
+    reaches all the user's processes but itself, until none is left (a process forking while
+    the first pass lands can leave a child: ``KILL_PASSES``)."""
+    subprocess.run(
+        [sandbox_python(), "-I", "-S", "-c", _KILL_ALL],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
+
+
+def _preexec(limits: Limits, workdir: str, mounts: list[bytes], uid: int | None):
     def setup() -> None:
         os.setsid()
         _isolate(limits, workdir.encode(), mounts)
-        if os.geteuid() == 0:  # root ignores RLIMIT_NPROC: run as nobody instead
+        if uid is not None:  # root ignores RLIMIT_NPROC: run as the run's own user instead
             os.setgroups([])
-            os.setgid(NOBODY_UID)
-            os.setuid(NOBODY_UID)
+            os.setgid(uid)
+            os.setuid(uid)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
         mem = limits.memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -148,15 +211,14 @@ def _world_executable(path: str) -> bool:
 
 
 def sandbox_python() -> str:
-    """The interpreter candidate code runs with; as root it must be usable by ``nobody``."""
+    """The interpreter candidate code runs with; as root it must be usable by any user (the
+    sandbox's own has no group or account)."""
     if os.geteuid() != 0:
         return sys.executable
     for cand in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         if _world_executable(cand):
             return os.path.realpath(cand)
-    raise RuntimeError(
-        "no Python interpreter that user 'nobody' can run (needed by the code sandbox)"
-    )
+    raise RuntimeError("no Python interpreter that any user can run (needed by the code sandbox)")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -227,16 +289,22 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResu
         "PYTHONDONTWRITEBYTECODE": "1",
         "LANG": "C.UTF-8",
     }
+    uid = _UIDS.take() if os.geteuid() == 0 else None
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [sandbox_python(), "-I", "-S", path],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=workdir,
-        env=env,
-        preexec_fn=_preexec(limits, workdir, _mount_points()),
-    )
+    try:
+        proc = subprocess.Popen(
+            [sandbox_python(), "-I", "-S", path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=env,
+            preexec_fn=_preexec(limits, workdir, _mount_points(), uid),
+        )
+    except BaseException:
+        if uid is not None:
+            _UIDS.give(uid)
+        raise
     out, err = bytearray(), bytearray()
     try:
         tag = _collect(proc, stdin, limits, t0, out, err)
@@ -250,6 +318,9 @@ def run_python(code: str, stdin: str = "", limits: Limits = Limits()) -> RunResu
             tag = "timeout" if tag == "ok" else tag
     finally:
         _kill_group(proc)  # forked children of the code die with the group
+        if uid is not None:  # and every process of the run's user, wherever it went
+            _kill_user(uid)
+            _UIDS.give(uid)
         for stream in (proc.stdout, proc.stderr):
             stream.close()
         shutil.rmtree(workdir, ignore_errors=True)

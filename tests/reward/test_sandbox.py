@@ -89,7 +89,7 @@ def test_code_reaches_no_loopback_listener():
 
 def test_code_writes_nowhere_but_its_directory():
     """As root the sandbox gives the code a private mount namespace, read-only but for its own
-    temp directory: /tmp and /dev/shm (world-writable, so `nobody` alone could write there)
+    temp directory: /tmp and /dev/shm (world-writable, so the sandbox user alone could write there)
     refuse; with the isolation off the same write goes through, so the test can fail."""
     import os
     import uuid
@@ -110,3 +110,65 @@ def test_code_writes_nowhere_but_its_directory():
     finally:
         if os.path.exists(target):
             os.remove(target)
+
+
+ESCAPES = {
+    "start_new_session": (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+        "                     start_new_session=True, stdin=subprocess.DEVNULL,\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(p.pid)\n"
+    ),
+    "double_fork": (
+        "import os, sys, time\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        os.write(w, str(os.getpid()).encode()); os.close(w)\n"
+        "        for fd in (0, 1, 2): os.close(fd)\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "os.close(w); print(os.read(r, 32).decode())\n"
+    ),
+    "setsid": (
+        "import os, time\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    os.write(w, str(os.getpid()).encode()); os.close(w)\n"
+        "    for fd in (0, 1, 2): os.close(fd)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "os.close(w); print(os.read(r, 32).decode())\n"
+    ),
+}
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = next(line for line in f if line.startswith("State:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return " Z " not in state and "zombie" not in state
+
+
+def test_nothing_the_code_starts_outlives_the_run():
+    """Children that leave the process group — a new session, a double fork, setsid — are killed
+    with the run (as root: every process of the run's own user)."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("the per-run sandbox user needs root; CI runs as root")
+    for name, code in ESCAPES.items():
+        res = run_python(code, limits=FAST)
+        assert res.tag == "ok" and res.stdout.strip().isdigit(), (name, res)
+        pid = int(res.stdout)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"{name}: pid {pid} outlived the sandbox run"
