@@ -1,16 +1,21 @@
 """Held-out evaluation: avg@k and pass@k, overall and per ``data_source``, shared by the learner's
 periodic evaluation and `dapo-async eval` (transformers or vLLM engine).
 
-avg@k = mean accuracy over k samples of every prompt; pass@k = fraction of prompts with at least
-one correct sample. With ``generator.eval_temperature`` 0 (greedy) k is 1. Prompts go through the
+avg@k = mean accuracy over the samples of every prompt; pass@k = the unbiased estimate (Chen et al.
+2021) of the chance that k samples hold a correct one, from all samples of the prompt. k is
+``generator.eval_k`` (1 with ``generator.eval_temperature`` 0: greedy). Rows repeating a prompt
+are folded into one prompt sampled repeats × k times and weighted by its repeats. Prompts go through the
 same renderer as training (``data/prompts.py``); responses are scored by ``reward.fn`` in any of
 its documented forms.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from dapo_async.data.datasets import group_repeats
 from dapo_async.data.prompts import PromptRenderer
 from dapo_async.data.tasks import PromptRecord
 
@@ -38,14 +43,16 @@ def evaluate_records(
 def evaluate_engine(
     engine, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
 ) -> dict[str, float]:
-    """avg@k / pass@k of ``engine`` (anything with ``generate(prompt ids, params)``)."""
+    """avg@k / pass@k of ``engine`` (anything with ``generate(prompt ids, params)``). Rows that
+    repeat a prompt (an eval file repeated 32 times for avg@32) are folded: the prompt is
+    rendered once and sampled repeats × k times, weighted by its repeats."""
+    from dataclasses import replace
+
     from dapo_async.engines.base import SamplingParams
-    from dapo_async.reward.compose import call_verifier, resolve
 
     g = cfg.generator
     greedy = g.eval_temperature == 0
-    k = 1 if greedy else (k or 4)
-    verifier = resolve(cfg.reward.fn)
+    k = 1 if greedy else (k or g.eval_k)
     renderer = PromptRenderer.from_config(tokenizer, cfg.data)  # the buffer's prompt path
     params = SamplingParams(
         n=k,
@@ -54,36 +61,77 @@ def evaluate_engine(
         max_tokens=g.max_tokens,
         seed=cfg.seed,
     )
-    acc = np.zeros((len(records), k))
-    lengths = []
-    for start in range(0, len(records), EVAL_BATCH):
-        chunk = records[start : start + EVAL_BATCH]
-        texts = [renderer.render(r.messages) for r in chunk]
+    folded = group_repeats(records)
+    stats: list[PromptStats] = []
+    lengths: list[int] = []
+    for start in range(0, len(folded), EVAL_BATCH):
+        chunk = folded[start : start + EVAL_BATCH]
+        texts = [renderer.render(r.messages) for r, _ in chunk]
         ids = [renderer.tokenize(t) for t in texts]  # rendered once, above
-        for i, (r, comps) in enumerate(zip(chunk, engine.generate(ids, params))):
-            for j, c in enumerate(comps):
-                # any documented form: a bare float, a dict; two or four arguments
-                verdict = call_verifier(verifier, c.text, r.ground_truth, texts[i], r.extra)
-                acc[start + i, j] = verdict["acc"]
-                lengths.append(len(c.tokens))
+        by_n: dict[int, list[int]] = {}  # samples per prompt -> prompts of the chunk
+        for i, (_, repeats) in enumerate(chunk):
+            by_n.setdefault(1 if greedy else repeats * k, []).append(i)  # greedy: all alike
+        scored: dict[int, PromptStats] = {}
+        for n, idx in by_n.items():
+            outs = engine.generate([ids[i] for i in idx], replace(params, n=n))
+            for i, comps in zip(idx, outs):
+                record, repeats = chunk[i]
+                scored[i] = _score(cfg, record, repeats, texts[i], comps, lengths)
+        stats += [scored[i] for i in range(len(chunk))]
         if progress is not None:
-            progress(min(start + EVAL_BATCH, len(records)), len(records))
-    out = _summary(acc, k)
+            progress(min(start + EVAL_BATCH, len(folded)), len(folded))
+    out = _summary(stats, k)
     out["eval/response_len_mean"] = float(np.mean(lengths)) if lengths else 0.0
-    for source in sorted({r.data_source for r in records}):
-        rows = np.array([r.data_source == source for r in records])
-        if len(rows) and rows.sum() < len(records):  # per source only where there are several
-            per = _summary(acc[rows], k)
+    for source in sorted({s.record.data_source for s in stats}):
+        part = [s for s in stats if s.record.data_source == source]
+        if len(part) < len(stats):  # per source only where there are several
+            per = _summary(part, k)
             out[f"eval/{source}/accuracy"] = per["eval/accuracy"]
             out[f"eval/{source}/pass_at_k"] = per["eval/pass_at_k"]
     return out
 
 
-def _summary(acc: np.ndarray, k: int) -> dict[str, float]:
-    n = len(acc)
+@dataclass
+class PromptStats:
+    record: PromptRecord
+    repeats: int  # rows of the file holding this prompt (its weight)
+    samples: int
+    acc_sum: float  # Σ accuracy over the samples
+    correct: int  # samples with accuracy > 0
+
+
+def _score(cfg, record, repeats: int, text: str, comps, lengths: list[int]) -> PromptStats:
+    from dapo_async.reward.compose import call_verifier, resolve
+
+    verifier = resolve(cfg.reward.fn)
+    accs = []
+    for c in comps:
+        # any documented form: a bare float, a dict; two or four arguments
+        accs.append(call_verifier(verifier, c.text, record.ground_truth, text, record.extra)["acc"])
+        lengths.append(len(c.tokens))
+    return PromptStats(record, repeats, len(accs), float(sum(accs)), sum(a > 0 for a in accs))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 − C(n−c, k) / C(n, k) (Chen et al.
+    2021), as a product so large n does not overflow."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def _summary(stats: list[PromptStats], k: int) -> dict[str, float]:
+    weight = sum(s.repeats for s in stats)
+    if not weight:
+        return {"eval/accuracy": 0.0, "eval/pass_at_k": 0.0, "eval/k": float(k),
+                "eval/num_prompts": 0.0, "eval/num_rows": 0.0}  # fmt: skip
+    avg = sum(s.repeats * s.acc_sum / s.samples for s in stats) / weight
+    # greedy: one sample stands for all (k = 1): pass@1 is its accuracy
+    pass_k = sum(s.repeats * pass_at_k(s.samples, s.correct, min(k, s.samples)) for s in stats)
     return {
-        "eval/accuracy": float(acc.mean()) if n else 0.0,
-        "eval/pass_at_k": float((acc.max(axis=1) > 0).mean()) if n else 0.0,
+        "eval/accuracy": float(avg),
+        "eval/pass_at_k": float(pass_k / weight),
         "eval/k": float(k),
-        "eval/num_prompts": float(n),
+        "eval/num_prompts": float(len(stats)),
+        "eval/num_rows": float(weight),
     }

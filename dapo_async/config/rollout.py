@@ -24,6 +24,12 @@ class GeneratorConfig:
     max_tokens: int = F(24, "Maximum response length in tokens.", ge=1)
     eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.", ge=0)
     eval_top_p: float = F(1.0, "top_p for held-out evaluation.", gt=0, le=1)
+    eval_k: int = F(
+        4,
+        "Samples per held-out prompt when eval_temperature > 0 (avg@k, unbiased pass@k; a "
+        "prompt repeated r times in the file is sampled r·k times); greedy takes one.",
+        ge=1,
+    )
     logprobs_mode: str = Choice(
         "Behaviour log-probs", "processed", processed="after temperature/top-p", raw=""
     )

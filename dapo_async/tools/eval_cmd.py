@@ -94,6 +94,7 @@ def run_eval(args: argparse.Namespace) -> dict:
         "pass_at_k": res["eval/pass_at_k"],
         "k": int(res["eval/k"]),
         "num_prompts": int(res["eval/num_prompts"]),
+        "num_rows": int(res["eval/num_rows"]),  # rows of the file; repeats folded into prompts
         "temperature": cfg.generator.eval_temperature,
         "response_len_mean": res["eval/response_len_mean"],
         "engine": args.engine,
