@@ -17,12 +17,30 @@ from dapo_async.buffer.checks import GroupLimits, model_vocab_size
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
-from dapo_async.data.datasets import load_source
+from dapo_async.data.datasets import group_repeats, load_source
 from dapo_async.data.prompts import encode_in_child
+from dapo_async.hub import resolve_paths
 from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.roles import StopFlag, setup_logging, write_endpoint
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
+
+
+def _repeats_noted(source: str, records: list, dedupe: bool, log) -> list:
+    """``records``, once each with ``dedupe``; a file that repeats its prompts is named."""
+    folded = group_repeats(records)
+    if len(folded) < len(records):
+        log.info(
+            "%s: %d rows hold %d distinct prompts (%.0f× each on average); %s",
+            source,
+            len(records),
+            len(folded),
+            len(records) / len(folded),
+            "data.dedupe: training on each once"
+            if dedupe
+            else "data.dedupe=true trains on each once",
+        )
+    return [r for r, _ in folded] if dedupe else records
 
 
 def load_prompts(cfg, log) -> tuple[list, list[list[int]], tuple | None]:
@@ -31,7 +49,12 @@ def load_prompts(cfg, log) -> tuple[list, list[list[int]], tuple | None]:
     d = cfg.data
     sources = list(d.sources.items()) if d.sources else [(d.source, 1.0)]
     per_source = [
-        load_source(src, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty)
+        _repeats_noted(
+            src,
+            load_source(src, "train", d.num_train, d.difficulty, cfg.seed, d.max_difficulty),
+            d.dedupe,
+            log,
+        )
         for src, _ in sources
     ]
     records = [r for recs in per_source for r in recs]
@@ -72,7 +95,7 @@ def previous_port(run_dir) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
     log = setup_logging("buffer")
     stop = StopFlag().install()

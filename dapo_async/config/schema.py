@@ -27,7 +27,11 @@ __all__ = ["GeneratorConfig", "LearnerConfig", "RewardConfig"]  # with the secti
 
 @dataclass
 class ModelConfig:
-    path: str = F("", "HF causal-LM directory of the policy; empty = the built-in tiny model.")
+    path: str = F(
+        "",
+        "The policy: an HF causal-LM directory or a Hub id (`org/name`, `org/name@revision`; "
+        "through the HF cache, HF_HUB_OFFLINE honoured); empty = the built-in tiny model.",
+    )
     tiny_dir: str = F(".cache/tiny", "Where `init-tiny` builds and caches the built-in tiny model.")
     tiny_seed: int = F(
         0,
@@ -46,8 +50,9 @@ class ModelConfig:
 class DataConfig:
     source: str = F(
         "tiny:arith",
-        "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain) or a "
-        ".parquet/.jsonl file in the DAPO-Math-17K schema.",
+        "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain), a "
+        ".parquet/.jsonl file in the DAPO-Math-17K schema, or a Hugging Face dataset id "
+        "(`org/name`, `org/name@revision`, `org/name:file.parquet`; through the HF cache).",
         nonempty=True,
     )
     eval_source: str = F("", "Held-out prompts (same forms as `source`); empty = the task's split.")
@@ -55,6 +60,11 @@ class DataConfig:
         {},
         "Weighted training mixture {source: weight, …} (each source as in `source`); when set "
         "it replaces `source`, and each lease draws a source in proportion to its weight.",
+    )
+    dedupe: bool = F(
+        False,
+        "Train on each distinct (prompt, answer) of a data file once (DAPO-Math-17k repeats each "
+        "of its prompts about 100 times; the buffer says so when it loads one).",
     )
     num_train: int = F(4096, "Number of generated training prompts (built-in tasks only).", gt=0)
     num_eval: int = F(256, "Number of generated held-out prompts (built-in tasks only).", gt=0)

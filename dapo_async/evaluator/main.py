@@ -19,6 +19,7 @@ import time
 
 from dapo_async.config import load_config
 from dapo_async.config.paths import check_model_dirs
+from dapo_async.hub import resolve_paths
 from dapo_async.roles import StopFlag, set_threads, setup_logging
 
 # How often an idle evaluator looks for a new snapshot (evaluations take seconds).
@@ -26,7 +27,7 @@ POLL_S = 0.5
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
     log = setup_logging("evaluator")
     stop = StopFlag().install()

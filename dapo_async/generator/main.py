@@ -23,6 +23,7 @@ from dapo_async.engines.base import SamplingParams
 from dapo_async.generator.loop import GeneratorLoop
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import EngineWeightReceiver, ReconnectingReceiver
+from dapo_async.hub import resolve_paths
 from dapo_async.keys import run_keys_dir
 from dapo_async.reward.compose import RewardComposer
 from dapo_async.reward.model_client import RewardModelScorer
@@ -35,7 +36,7 @@ from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
     # Unique per process: a restarted generator must not reuse the group ids (id, seq) of its
     # previous incarnation, which the buffer would ack as duplicates.

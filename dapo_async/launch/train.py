@@ -29,6 +29,7 @@ from dapo_async.config import ConfigError, load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
 from dapo_async.data.tasks import parse_source
 from dapo_async.devices import DevicePlan, cuda_device_count, plan_devices, role_env
+from dapo_async.hub import resolve_paths
 from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.launch.supervisor import Role, Supervisor, stop_all
 from dapo_async.roles import LAUNCHER_PID_ENV
@@ -73,7 +74,7 @@ def prepare_run(cfg):
     """Resolve the run directory, build the tiny policy if needed, clear stale endpoints and
     write the resolved config; returns (cfg, run_dir, path of the resolved config)."""
     run_dir = _new_run_dir(cfg)
-    cfg = replace(cfg, run_dir=str(run_dir))
+    cfg = replace(resolve_paths(cfg), run_dir=str(run_dir))  # Hub ids: the roles read files
     if not cfg.model.path:
         build_tiny_policy(cfg)
     check_model_dirs(cfg)

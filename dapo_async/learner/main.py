@@ -15,6 +15,7 @@ import sys
 
 from dapo_async.config import load_config
 from dapo_async.config.paths import check_model_dirs
+from dapo_async.hub import resolve_paths
 from dapo_async.roles import StopFlag, set_threads, setup_logging
 
 
@@ -23,7 +24,7 @@ def _dist_env() -> tuple[int, int]:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
     rank, world = _dist_env()
     log = setup_logging(f"learner{rank}")

@@ -129,8 +129,9 @@ def problems(cfg) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     from dapo_async.config import load_config
+    from dapo_async.hub import resolve_paths
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = resolve_paths(load_config(args.config, args.overrides))
     found = problems(cfg)
     for line in found:
         print(f"dapo-async config check: {line}", file=sys.stderr)

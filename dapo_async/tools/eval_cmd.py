@@ -65,9 +65,11 @@ def run_eval(args: argparse.Namespace) -> dict:
     """The evaluation the command prints, as a dict (``dapo_async.evaluate`` returns it)."""
     from dapo_async.config.paths import check_model_dirs
     from dapo_async.data.datasets import load_heldout
+    from dapo_async.hub import resolve_model, resolve_paths
     from dapo_async.roles import set_threads
 
-    cfg = eval_config(args)
+    cfg = resolve_paths(eval_config(args))
+    args.model = resolve_model("--model", args.model or "")
     check_model_dirs(cfg, args.model)
     set_threads(cfg.launch.torch_threads)
     from transformers import AutoTokenizer

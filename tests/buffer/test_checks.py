@@ -55,3 +55,22 @@ def test_vocab_size_comes_from_the_model_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
     assert model_vocab_size(tmp_path) == 128
     assert np.int32(127) < model_vocab_size(tmp_path)
+
+
+def test_a_file_that_repeats_its_prompts_is_named_and_dedupe_trains_each_once():
+    from dapo_async.buffer.main import _repeats_noted
+    from dapo_async.data.tasks import PromptRecord
+
+    said = []
+
+    class Log:
+        def info(self, msg, *args):
+            said.append(msg % args)
+
+    rows = [
+        PromptRecord(i, [{"role": "user", "content": f"q{i % 2}"}], "1", "s", {}) for i in range(6)
+    ]
+    assert len(_repeats_noted("f.parquet", rows, False, Log())) == 6
+    assert "6 rows hold 2 distinct prompts (3× each" in said[0] and "data.dedupe=true" in said[0]
+    once = _repeats_noted("f.parquet", rows, True, Log())
+    assert [r.messages[0]["content"] for r in once] == ["q0", "q1"]
