@@ -96,7 +96,7 @@ def previous_port(run_dir) -> int:
 
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
-    check_model_dirs(cfg)
+    check_model_dirs(cfg, weights=False)  # the buffer reads the tokenizer only
     log = setup_logging("buffer")
     stop = StopFlag().install()
     run_dir = cfg.resolved_run_dir
