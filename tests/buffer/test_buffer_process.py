@@ -36,6 +36,7 @@ def write_config(tmp_path, tokenizer_dir, **buffer):
         "run_dir": str(run),
         "model": {"path": str(tokenizer_dir)},
         "data": {"source": "tiny:arith", "num_train": 256, "difficulty": 2},
+        "generator": {"responses_per_prompt": 4},  # the fakes' group size
         "buffer": {"groups_per_step": 4, "max_staleness": 1, **buffer},
         "tracking": {"aim": False},
     }
@@ -242,11 +243,12 @@ def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
         def make(seq, lease, first_token):
             tokens = np.arange(8, dtype=np.int32) + 10
             tokens[0] = first_token
-            return P.Group(
-                "g", seq, lease, np.array(prompt, np.int32), np.array([4, 4], np.int32), tokens,
+            return P.Group(  # 4 responses of 2 tokens: generator.responses_per_prompt
+                "g", seq, lease, np.array(prompt, np.int32), np.full(4, 2, np.int32), tokens,
                 np.full(8, -0.5, np.float32), np.zeros(8, np.int32),
-                np.array([1.0, -1.0], np.float32), np.array([1.0, 0.0], np.float32),
-                np.zeros((2, 2), np.float32), np.zeros(2, np.uint8),
+                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
+                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
             )  # fmt: skip
 
         names = ["correct", "overlong"]

@@ -28,7 +28,7 @@ def write_config(tmp: Path, tiny_model) -> Path:
         "run_dir": str(tmp / "run"),
         "model": {"path": str(tiny_model)},
         "data": {"source": "tiny:chain", "num_train": 256, "num_eval": 8, "difficulty": 3},
-        "generator": {"max_tokens": 12},
+        "generator": {"max_tokens": 12, "responses_per_prompt": 4},  # scripted groups of G
         "reward": {"overlong_shaping": False},
         "buffer": {
             "groups_per_step": GROUPS_PER_STEP,
