@@ -31,7 +31,7 @@ def test_main_job_trains_and_evaluates_with_each_custom_reward_form(
     summary = last_json(out)
     assert summary["steps"] == 3
     before = json.loads((run / "eval_before.json").read_text())
-    assert before["eval/num_prompts"] == 64 and before["eval/accuracy"] > 0
+    assert before["eval/num_rows"] == 64 and before["eval/accuracy"] > 0
     # the generators scored through the same function: the two-argument forms see the ground
     # truth they check (right every time), the four-argument ones vary with length
     acc = [
