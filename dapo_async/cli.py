@@ -89,7 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Asynchronous actor-learner RL for LLMs with DAPO.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (_add_roles, _add_model_commands, _add_admin, _add_bench, _add_tools):
+    for add in (
+        _add_roles,
+        _add_model_commands,
+        _add_reward_commands,
+        _add_admin,
+        _add_bench,
+        _add_tools,
+    ):
         add(sub)
     for command in sub.choices.values():  # reports what it does not take (main); benches: each
         command.set_defaults(parser=command)
@@ -164,6 +171,9 @@ def _add_model_commands(sub) -> None:
     )
     p.set_defaults(func=_lazy("dapo_async.tiny.build", "main"))
 
+
+def _add_reward_commands(sub) -> None:
+    """reward score, reward-server."""
     p = sub.add_parser("reward", help="score a response read on stdin (verifier debugging)")
     p.add_argument("action", choices=["score"])
     p.add_argument(

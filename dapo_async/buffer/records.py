@@ -1,4 +1,5 @@
-"""The buffer's records: a lease (a prompt handed to a generator) and a step's batch."""
+"""The buffer's records: a lease (a prompt handed to a generator), a step's batch, and how a step's
+groups are split across learner ranks (``balance_shards``)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ class StepBatch:
     group_ids: list[GroupId]
     shards: list[list[int]]  # per rank: indices into group_ids
     global_num_tokens: int
+
+
+def balance_shards(tokens: list[int], world_size: int) -> list[list[int]]:
+    """Assign items to ranks, largest first to the lightest rank; every rank gets at least one
+    item when there are enough; each shard keeps the items' original order."""
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for i in sorted(range(len(tokens)), key=lambda i: -tokens[i]):
+        r = min(range(world_size), key=lambda r: (len(shards[r]) > 0, load[r]))
+        shards[r].append(i)
+        load[r] += tokens[i]
+    return [sorted(s) for s in shards]

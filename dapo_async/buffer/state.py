@@ -34,7 +34,7 @@ import numpy as np
 from dapo_async.algo.filters import dynamic_sampling_keep
 from dapo_async.buffer import snapshot
 from dapo_async.buffer.counters import Counters
-from dapo_async.buffer.records import Lease, StepBatch
+from dapo_async.buffer.records import Lease, StepBatch, balance_shards
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor, make_cursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
@@ -391,15 +391,3 @@ class BufferState:
         out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
         out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
         return out
-
-
-def balance_shards(tokens: list[int], world_size: int) -> list[list[int]]:
-    """Assign items to ranks, largest first to the lightest rank; every rank gets at least one
-    item when there are enough; each shard keeps the items' original order."""
-    shards: list[list[int]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    for i in sorted(range(len(tokens)), key=lambda i: -tokens[i]):
-        r = min(range(world_size), key=lambda r: (len(shards[r]) > 0, load[r]))
-        shards[r].append(i)
-        load[r] += tokens[i]
-    return [sorted(s) for s in shards]
