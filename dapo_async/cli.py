@@ -137,7 +137,7 @@ def _add_roles(sub) -> None:
 
 
 def _add_model_commands(sub) -> None:
-    """eval, init-tiny, reward, reward-server."""
+    """eval, init-tiny."""
     p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model (run config's data)")
     p.add_argument("--config", default=None, help="run config (data, reward, lengths)")
     p.add_argument("--model", default=None, help="HF causal-LM directory (default: the config's)")
