@@ -100,10 +100,8 @@ class HeadLogProbs(torch.autograd.Function):
                 grad_z_nV = grad_z_nV.to(cd)
                 if grad_h is not None:
                     grad_h[lo : lo + chunk] = grad_z_nV @ w_VH
-                if grad_w is not None:
-                    grad_w.addmm_(grad_z_nV.t().float(), h_nH.float()) if cd == torch.float32 else (
-                        grad_w.add_((grad_z_nV.t() @ h_nH).float())
-                    )
+                if grad_w is not None:  # the product in the compute dtype, summed in fp32
+                    grad_w.add_((grad_z_nV.t() @ h_nH).float())
         grad_w = None if grad_w is None else grad_w.to(weight_VH.dtype)
         return grad_h, grad_w, None, None, None, None, None
 
