@@ -55,17 +55,22 @@ def train(config: str = "configs/tiny_cpu.yaml", overrides=None, **kwargs) -> di
 def evaluate(
     config: str | None = None,
     model: str = "",
-    k: int = 1,
-    engine: str = "hf",
+    k: int | None = None,
+    engine: str | None = None,
     overrides=None,
     **kwargs,
 ) -> dict:
     """avg@k and pass@k on held-out prompts (overall and per data source), as `dapo-async eval`
-    computes them: the run config's data, reward and lengths (the tiny task without one)."""
+    computes them: the run config's data, reward and ``eval`` section (the tiny task without
+    one); ``k`` and ``engine`` override ``eval.k`` and ``eval.engine``."""
     from dapo_async.cli import parse_args
     from dapo_async.tools.eval_cmd import run_eval
 
-    argv = ["eval", "--k", str(k), "--engine", engine]
+    argv = ["eval"]
+    if k is not None:
+        argv += ["--k", str(k)]
+    if engine is not None:
+        argv += ["--engine", engine]
     if config:
         argv += ["--config", config]
     if model:

@@ -28,6 +28,8 @@ def _add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from dapo_async import config
 
     if args.action == "docs" and args.config:
@@ -47,7 +49,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config is None:
         raise CliError("config show needs a config file")
     cfg = config.load_config(args.config, args.overrides)
-    print(config.to_yaml(cfg), end="")
+    for key in args.get or []:  # scripts (the Slurm template) read resolved values this way
+        value = cfg
+        for part in key.split("."):
+            if not hasattr(value, part):
+                raise CliError(f"config show --get: no key {key!r}")
+            value = getattr(value, part)
+        if dataclasses.is_dataclass(value):
+            raise CliError(f"config show --get: {key!r} is a section; name one of its keys")
+        print(json.dumps(value) if not isinstance(value, str) else value)
+    if not args.get:
+        print(config.to_yaml(cfg), end="")
     return 0
 
 
@@ -104,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_roles(sub) -> None:
-    """train (all roles, supervised) and one role each: buffer, learner, generator."""
+    """train (all roles, supervised), one role each (buffer, learner, generator, evaluator), and
+    supervise (one role kept running where `train` does not run)."""
     p = sub.add_parser("train", help="train on one machine (the tiny CPU default runs end to end)")
     _add_config_args(p)
     p.add_argument(
@@ -131,6 +144,10 @@ def _add_roles(sub) -> None:
     )
     p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
+    from dapo_async.launch import keep_running  # argparse and the stdlib only
+
+    keep_running.add_parser(sub)
+
     p = sub.add_parser("evaluator", help="run periodic held-out evaluation off the learner")
     _add_config_args(p)
     p.set_defaults(func=_lazy("dapo_async.evaluator.main", "main"))
@@ -141,14 +158,18 @@ def _add_model_commands(sub) -> None:
     p = sub.add_parser("eval", help="held-out avg@k / pass@k of a model (run config's data)")
     p.add_argument("--config", default=None, help="run config (data, reward, lengths)")
     p.add_argument("--model", default=None, help="HF causal-LM directory (default: the config's)")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="inference engine")
+    p.add_argument(
+        "--engine", choices=("hf", "vllm"), default=None, help="default: eval.engine (auto: hf)"
+    )
     p.add_argument("--data", default=None, help="tiny:<task> or a parquet/jsonl file")
-    p.add_argument("--k", type=int, default=1, help="samples per prompt (avg@k, pass@k)")
+    p.add_argument(
+        "--k", type=int, default=None, help="samples per prompt (avg@k, pass@k); default eval.k"
+    )
     p.add_argument("--num-prompts", type=int, default=None, help="prompts of a built-in task")
     p.add_argument("--difficulty", type=int, default=None, help="built-in task difficulty")
     p.add_argument("--max-difficulty", type=int, default=None, help="mixed difficulty up to this")
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default for k=1)")
-    p.add_argument("--max-tokens", type=int, default=None, help="default: the config's")
+    p.add_argument("--max-tokens", type=int, default=None, help="default: eval.max_tokens")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     p.set_defaults(func=_lazy("dapo_async.tools.eval_cmd", "main"))
@@ -216,6 +237,9 @@ def _add_admin(sub) -> None:
     )
     p.add_argument("action", choices=["show", "check", "docs"])
     _add_config_args(p, required=False)
+    p.add_argument(
+        "--get", action="append", metavar="KEY", help="show: print only this key's value (repeat)"
+    )
     p.set_defaults(func=cmd_config)
 
     p = sub.add_parser("keys", help="generate CurveZMQ key pairs for non-loopback binds")

@@ -2,8 +2,8 @@
 periodic evaluation and `dapo-async eval` (transformers or vLLM engine).
 
 avg@k = mean accuracy over the samples of every prompt; pass@k = the unbiased estimate (Chen et al.
-2021) of the chance that k samples hold a correct one, from all samples of the prompt. k is
-``generator.eval_k`` (1 with ``generator.eval_temperature`` 0: greedy). Rows repeating a prompt
+2021) of the chance that k samples hold a correct one, from all samples of the prompt. The
+``eval`` config section sets k (1 with ``eval.temperature`` 0: greedy), top-p and the length. Rows repeating a prompt
 are folded into one prompt sampled repeats × k times and weighted by its repeats. Prompts go through the
 same renderer as training (``data/prompts.py``); responses are scored by ``reward.fn`` in any of
 its documented forms.
@@ -26,18 +26,58 @@ EVAL_BATCH = 64
 def evaluate_records(
     model, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
 ) -> dict[str, float]:
-    """Evaluate an in-memory transformers model (the learner's) with the hf engine."""
+    """Evaluate an in-memory transformers model (the learner's) with the hf engine, where it
+    lives, computing in the generators' dtype (``generator.dtype``: bfloat16 on a GPU) rather
+    than the learner's fp32 master weights."""
+    import contextlib
+
+    import torch
+
+    from dapo_async.devices import resolve_dtype
     from dapo_async.engines.hf import HFEngine
 
-    device = next(model.parameters()).device  # evaluate where the model lives
+    param = next(model.parameters())
+    device = param.device  # evaluate where the model lives
     engine = HFEngine("", model=model, tokenizer=tokenizer, device=str(device))
+    dtype = resolve_dtype(cfg.generator.dtype, device)
+    lower = device.type in ("cuda", "cpu") and dtype.itemsize < param.dtype.itemsize
+    cast = torch.autocast(device.type, dtype=dtype) if lower else contextlib.nullcontext()
     was_training = model.training
     model.eval()
     try:
-        return evaluate_engine(engine, tokenizer, cfg, records, k, progress)
+        with cast:
+            return evaluate_engine(engine, tokenizer, cfg, records, k, progress)
     finally:
         if was_training:
             model.train()
+
+
+def eval_engine(cfg, model_dir: str, engine: str | None = None, share_gpu: bool = False):
+    """The engine held-out evaluation runs on: ``engine``, else ``eval.engine`` (auto: the
+    generators' ``generator.engine``), in ``generator.dtype`` on this process's device (a GPU
+    when one is visible). ``share_gpu``: the evaluator role beside a generator on its GPU —
+    vLLM then takes ``eval.gpu_memory_utilization`` of it."""
+    import dataclasses
+
+    from dapo_async.engines import make_engine
+
+    kind = engine or cfg.eval.resolved_engine(cfg.generator)
+    if kind == "vllm":
+        g = dataclasses.replace(cfg.generator, mode="batch")  # no in-flight updates here
+        if share_gpu:
+            g = dataclasses.replace(g, gpu_memory_utilization=cfg.eval.gpu_memory_utilization)
+        cfg = dataclasses.replace(cfg, generator=g)
+    return make_engine(kind, model_dir, cfg.generator.dtype, cfg, seed=cfg.seed)
+
+
+def load_snapshot(engine, path, version: int) -> None:
+    """Put the weights of a safetensors snapshot (``eval_snapshots``) into ``engine``."""
+    if hasattr(engine, "load_file"):  # vLLM: its workers read the file themselves
+        engine.load_file(str(path), version)
+        return
+    from safetensors.torch import load_file
+
+    engine.update_weights(load_file(str(path)), version)
 
 
 def evaluate_engine(
@@ -50,15 +90,15 @@ def evaluate_engine(
 
     from dapo_async.engines.base import SamplingParams
 
-    g = cfg.generator
-    greedy = g.eval_temperature == 0
-    k = 1 if greedy else (k or g.eval_k)
+    e = cfg.eval
+    greedy = e.temperature == 0
+    k = 1 if greedy else (k or e.k)
     renderer = PromptRenderer.from_config(tokenizer, cfg.data)  # the buffer's prompt path
     params = SamplingParams(
         n=k,
-        temperature=g.eval_temperature,
-        top_p=g.eval_top_p,
-        max_tokens=g.max_tokens,
+        temperature=e.temperature,
+        top_p=e.top_p,
+        max_tokens=e.resolved_max_tokens(cfg.generator),
         seed=cfg.seed,
     )
     folded = group_repeats(records)

@@ -106,13 +106,25 @@ def test_gpu_check_does_not_initialise_cuda_and_vllm_workers_are_spawned(python)
 
 
 @pytest.mark.parametrize(
-    ("visible", "want"), [(None, "3"), ("0", "0"), ("2,4,5,7", "7"), ("1,2", None)]
+    ("per_task", "visible", "want"),
+    [
+        (1, None, "3"),
+        (1, "0", "0"),
+        (1, "2,4,5,7", "7"),
+        (1, "1,2", None),
+        (2, None, "6,7"),
+        (2, "4,5", "4,5"),
+        (2, "0,1,2,3,4,5,6,7", "6,7"),
+        (2, "0,1,2,3", None),
+    ],
 )
-def test_slurm_task_picks_one_gpu(visible, want):
-    """Task 3 of a node: no binding → GPU 3; a site binding one GPU → kept; four visible →
-    the fourth of them; two visible → an error, not a wrong device."""
+def test_slurm_task_picks_its_gpus(per_task, visible, want):
+    """Task 3 of a node, one GPU a task: no binding → GPU 3; a site binding one GPU → kept; four
+    visible → the fourth of them; two visible → an error, not a wrong device. Two a task
+    (tensor parallel 2): GPUs 6,7, of the visible list where it lists more."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env["SLURM_LOCALID"] = "3"
+    env["DAPO_GPUS_PER_TASK"] = str(per_task)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     script = REPO / "tools" / "slurm" / "pick_gpu.sh"
@@ -124,7 +136,7 @@ def test_slurm_task_picks_one_gpu(visible, want):
         timeout=30,
     )
     if want is None:
-        assert res.returncode != 0 and "only 2 GPUs" in res.stderr
+        assert res.returncode != 0 and f"only {len(visible.split(','))} GPUs" in res.stderr
     else:
         assert res.returncode == 0 and res.stdout.strip() == want
 

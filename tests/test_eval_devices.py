@@ -18,7 +18,7 @@ def test_evaluation_on_the_models_device_scores_what_the_cpu_scores(tiny_model, 
         [
             f"model.path={tiny_model}",
             "data.num_eval=8",
-            f"generator.eval_temperature={temperature}",
+            f"eval.temperature={temperature}",
         ],
     )
     records = load_heldout(cfg.data, cfg.seed)

@@ -47,8 +47,8 @@ def _record(q: str, source: str = "s") -> PromptRecord:
 
 def _run(records, answers, temperature, k):
     cfg = load_config(
-        None, ["data.prompt_format=raw", f"generator.eval_temperature={temperature}",
-               f"generator.eval_k={k}", "reward.fn=boxed"],
+        None, ["data.prompt_format=raw", f"eval.temperature={temperature}",
+               f"eval.k={k}", "reward.fn=boxed"],
     )  # fmt: skip
     engine = ScriptedEngine(answers)
     engine.tokenizer = CharTokenizer()
@@ -79,3 +79,56 @@ def test_greedy_samples_a_repeated_prompt_once():
     res, calls = _run(records, {"a": ["\\boxed{7}"]}, temperature=0.0, k=4)
     assert calls == [(1, 1)] and res["eval/k"] == 1
     assert res["eval/accuracy"] == 1.0 and res["eval/num_rows"] == 32
+
+
+def test_the_eval_section_sets_the_sampling_and_length():
+    """eval.top_p and eval.max_tokens (0 = generator.max_tokens) reach the engine."""
+    seen = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, params):
+            seen.append(params)
+            return super().generate(prompts, params)
+
+    for extra, want_tokens in ((["eval.max_tokens=7"], 7), ([], 24)):
+        cfg = load_config(
+            None, ["data.prompt_format=raw", "eval.temperature=1.0", "eval.top_p=0.7",
+                   "eval.k=2", "reward.fn=boxed", *extra],
+        )  # fmt: skip
+        engine = Recording({"a": ["\\boxed{7}"]})
+        engine.tokenizer = CharTokenizer()
+        evaluate_engine(engine, engine.tokenizer, cfg, [_record("a")])
+        assert (seen[-1].top_p, seen[-1].max_tokens, seen[-1].n) == (0.7, want_tokens, 2)
+
+
+def test_old_eval_keys_and_a_too_long_eval_name_the_key():
+    from dapo_async.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"generator.eval_k.*moved to eval.k"):
+        load_config(None, ["generator.eval_k=4"])
+    with pytest.raises(ConfigError, match=r"eval.max_tokens.*generator.max_model_len"):
+        load_config(None, ["eval.max_tokens=1000"])
+    with pytest.raises(ConfigError, match=r"eval.engine"):
+        load_config(None, ["eval.engine=sglang"])
+
+
+def test_the_learners_evaluation_computes_in_the_generators_dtype(tiny_model):
+    """Before/after evaluations run on the learner's fp32 master weights; they compute in
+    generator.dtype (bfloat16 on a GPU by default), as the generators sample."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dapo_async.data.datasets import load_heldout
+    from dapo_async.evaluation import evaluate_records
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    dtypes = []
+    model.lm_head.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    for dtype, want in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        cfg = load_config(None, [f"model.path={tiny_model}", "data.num_eval=2",
+                                 f"generator.dtype={dtype}", "eval.max_tokens=4"])  # fmt: skip
+        dtypes.clear()
+        evaluate_records(model, tok, cfg, load_heldout(cfg.data, cfg.seed))
+        assert dtypes and set(dtypes) == {want}
+    assert next(model.parameters()).dtype == torch.float32  # the master weights untouched

@@ -1,7 +1,7 @@
 """The typed configuration tree of a dapo_async run.
 
 Owns: the dataclasses every role reads (``RunConfig`` → model, data, generator, reward, buffer,
-algo, learner, weight_sync, tracking, launch), loading them from YAML files in ``configs/`` with
+algo, learner, eval, weight_sync, tracking, launch), loading them from YAML files in ``configs/`` with
 dotted command-line overrides (OmegaConf structured configs do the merging and the type
 checking), validation that names the key path and the reason, and writing the resolved config
 into the run directory.

@@ -42,6 +42,9 @@ def _section_type(root: type, dotted: str) -> type | None:
 RENAMED = {
     "model.dtype": "split into learner.param_dtype (master weights), learner.compute_dtype "
     "and generator.dtype (the engine)",
+    "generator.eval_temperature": "moved to eval.temperature",
+    "generator.eval_top_p": "moved to eval.top_p",
+    "generator.eval_k": "moved to eval.k",
 }
 
 

@@ -22,14 +22,6 @@ class GeneratorConfig:
     top_p: float = F(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = F(-1, "Top-k sampling; -1 = off.")
     max_tokens: int = F(24, "Maximum response length in tokens.", ge=1)
-    eval_temperature: float = F(0.0, "Temperature for held-out evaluation; 0 = greedy.", ge=0)
-    eval_top_p: float = F(1.0, "top_p for held-out evaluation.", gt=0, le=1)
-    eval_k: int = F(
-        4,
-        "Samples per held-out prompt when eval_temperature > 0 (avg@k, unbiased pass@k; a "
-        "prompt repeated r times in the file is sampled r·k times); greedy takes one.",
-        ge=1,
-    )
     logprobs_mode: str = Choice(
         "Behaviour log-probs", "processed", processed="after temperature/top-p", raw=""
     )
@@ -93,6 +85,39 @@ class GeneratorConfig:
             "must be 0 or >= responses_per_prompt (one whole group)",
         )
         _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
+
+
+@dataclass
+class EvalConfig:
+    k: int = F(
+        4,
+        "Samples per held-out prompt when temperature > 0 (avg@k, unbiased pass@k; a prompt "
+        "repeated r times in the file is sampled r·k times); greedy takes one.",
+        ge=1,
+    )
+    temperature: float = F(0.0, "Sampling temperature; 0 = greedy.", ge=0)
+    top_p: float = F(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    max_tokens: int = F(0, "Maximum response length; 0 = generator.max_tokens.", ge=0)
+    engine: str = Choice(
+        "Engine of the evaluator role and `dapo-async eval`",
+        "auto",
+        auto="the generators' (generator.engine), in generator.dtype on their kind of device",
+        hf="transformers generate",
+        vllm="GPU or CPU build",
+    )
+    gpu_memory_utilization: float = F(
+        0.2,
+        "vLLM GPU build, evaluator role: fraction of its GPU (on one machine it shares "
+        "generator 0's GPU, so this plus generator.gpu_memory_utilization must fit).",
+        gt=0,
+        le=1,
+    )
+
+    def resolved_engine(self, generator: GeneratorConfig) -> str:
+        return generator.engine if self.engine == "auto" else self.engine
+
+    def resolved_max_tokens(self, generator: GeneratorConfig) -> int:
+        return self.max_tokens or generator.max_tokens
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The config tree: one dataclass per section (model, data, generator, reward, buffer, algo,
-learner, weight_sync, tracking, launch) under ``RunConfig``. Every field documents itself
+learner, eval, weight_sync, tracking, launch) under ``RunConfig``. Every field documents itself
 (``metadata["doc"]``) and the values it accepts (``F(..., ge=1)``, checked by ``check_fields``); a
 section's ``check`` holds only the rules that involve several fields. Errors name the key."""
 
@@ -20,9 +20,14 @@ from dapo_async.config.fields import (
     check_fields,
 )
 from dapo_async.config.learner import LearnerConfig
-from dapo_async.config.rollout import GeneratorConfig, RewardConfig
+from dapo_async.config.rollout import EvalConfig, GeneratorConfig, RewardConfig
 
-__all__ = ["GeneratorConfig", "LearnerConfig", "RewardConfig"]  # with the sections defined here
+__all__ = [
+    "EvalConfig",
+    "GeneratorConfig",
+    "LearnerConfig",
+    "RewardConfig",
+]  # with the sections defined here
 
 
 @dataclass
@@ -323,6 +328,7 @@ class RunConfig:
     buffer: BufferConfig = S(BufferConfig, "The replay buffer (data plane).")
     algo: AlgoConfig = S(AlgoConfig, "The RL objective.")
     learner: LearnerConfig = S(LearnerConfig, "The learner ranks and optimisation.")
+    eval: EvalConfig = S(EvalConfig, "Held-out evaluation (when: learner.eval_every).")
     weight_sync: WeightSyncConfig = S(WeightSyncConfig, "Learner → generator weight transfer.")
     tracking: TrackingConfig = S(TrackingConfig, "Metrics and logging.")
     launch: LaunchConfig = S(LaunchConfig, "Processes, addresses and security.")
@@ -355,6 +361,13 @@ class RunConfig:
             "generator.max_model_len",
             f"is {g.max_model_len} but data.max_prompt_len + generator.max_tokens = "
             f"{self.data.max_prompt_len} + {g.max_tokens} = {total} must fit in it",
+        )
+        ev = self.eval.resolved_max_tokens(g)
+        _need(
+            self.data.max_prompt_len + ev <= g.max_model_len,
+            "eval.max_tokens",
+            f"is {ev}: data.max_prompt_len + eval.max_tokens = {self.data.max_prompt_len + ev} "
+            f"must fit in generator.max_model_len ({g.max_model_len})",
         )
 
     @property

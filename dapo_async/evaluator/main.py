@@ -1,8 +1,9 @@
 """`dapo-async evaluator CONFIG [overrides]`: periodic held-out evaluation in its own process.
 
 The learner (``learner.eval_process``) writes a weight snapshot at every ``learner.eval_every``
-step and goes on training; this role loads each snapshot into its own copy of the policy,
-evaluates it (``dapo_async.evaluation``: avg@k / pass@k per data source) and records ``eval/*``
+step and goes on training; this role loads each snapshot into its own inference engine —
+``eval.engine``, by default the generators' (vLLM where the run samples with vLLM), in
+``generator.dtype`` on its own device (``dapo-async train`` gives it generator 0's GPUs) — evaluates it (``dapo_async.evaluation``: avg@k / pass@k per data source) and records ``eval/*``
 at the snapshot's version in ``metrics/evaluator.jsonl`` and Aim, so the learner's step time no
 longer holds the evaluation. It exits on SIGINT/SIGTERM, or once the learner has finished
 (``learner_summary.json``) and nothing is pending.
@@ -33,32 +34,33 @@ def main(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)
 
-    from safetensors.torch import load_file  # torch, transformers: after parsing
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer  # torch, transformers, vLLM: after parsing
 
     from dapo_async import eval_snapshots
     from dapo_async.data.datasets import load_heldout
-    from dapo_async.evaluation import evaluate_records
+    from dapo_async.evaluation import eval_engine, evaluate_engine, load_snapshot
     from dapo_async.tracking import Tracker
 
     run_dir = cfg.resolved_run_dir
     records = load_heldout(cfg.data, cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.source_dir)
     tok = AutoTokenizer.from_pretrained(cfg.model.source_dir)
+    engine = eval_engine(cfg, cfg.model.source_dir, share_gpu=True)
+    log.info("evaluating on %s", type(engine).__name__)
     tracker = Tracker.for_role(cfg, "evaluator")
     evaluated = 0
+    started_at = time.time()
     try:
         while not stop:
             todo = eval_snapshots.pending(run_dir)
             if not todo:
-                if (run_dir / "learner_summary.json").exists():
+                if eval_snapshots.learner_finished(run_dir, started_at):
                     break
                 time.sleep(POLL_S)
                 continue
             version, path = todo[0]
             t0 = time.monotonic()
-            model.load_state_dict(load_file(str(path)), strict=False)
-            ev = evaluate_records(model, tok, cfg, records)
+            load_snapshot(engine, path, version)
+            ev = evaluate_engine(engine, tok, cfg, records)
             ev["eval/seconds"] = time.monotonic() - t0
             tracker.track(ev, version)
             log.info(
@@ -71,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
             evaluated += 1
     finally:
         tracker.close()
+        engine.close()
     log.info("stopped after %d evaluations (%s)", evaluated, stop.reason or "learner finished")
     return 0
 

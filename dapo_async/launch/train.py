@@ -201,11 +201,13 @@ def service_roles(cfg, run_dir: Path, env: dict) -> list[Role]:
 
 
 def evaluator_roles(cfg, cfg_path: Path, run_dir: Path, env: dict) -> list[Role]:
-    """The evaluator role, when periodic evaluations run in their own process."""
+    """The evaluator role, when periodic evaluations run in their own process: on generator 0's
+    devices, where its engine (``eval.engine``) runs as the generators' does."""
     lc = cfg.learner
     if not (lc.eval_every and lc.eval_process):
         return []
     cmd = _cli("evaluator", str(cfg_path), f"run_dir={run_dir}")
+    env = role_env(env, device_plan(cfg).generators[0])
     return [Role("evaluator", cmd, run_dir / "logs" / "evaluator.log", env, restartable=True)]
 
 

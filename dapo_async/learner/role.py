@@ -79,6 +79,8 @@ class Learner:
         # it died before the first one; either way it publishes before its first step
         self.resume = resume
         self.resume_from = checkpoint_dirs.latest(self.ckpt_root) if resume else None
+        if rank == 0:  # a summary left by an earlier session of this run is not this one's end
+            (self.run_dir / eval_snapshots.SUMMARY_FILE).unlink(missing_ok=True)
         self.tracker = self.publisher = None
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
@@ -338,7 +340,7 @@ class Learner:
             "idle_seconds": self.idle_s,
             "idle_ratio": self.idle_s / max(seconds, 1e-9),
         }
-        atomic_write_json(self.run_dir / "learner_summary.json", summary)
+        atomic_write_json(self.run_dir / eval_snapshots.SUMMARY_FILE, summary)
 
     def close(self) -> None:
         if hasattr(self, "sock"):

@@ -1,7 +1,9 @@
 """`dapo-async eval [--config CONFIG] [k=v ...] [--model DIR] [--engine hf|vllm] [--k N]`:
 avg@k and pass@k on held-out prompts, overall and per ``data_source``, with a progress bar on
 stderr; ``--json`` ends with one JSON line. It uses the run config's data (``data.eval_source``,
-else ``data.source``), prompt rendering, reward function and lengths; flags override them.
+else ``data.source``), prompt rendering, reward function and its ``eval`` section (k,
+temperature, top-p, max tokens, engine: by default the generators', in their dtype, on a GPU
+when one is visible); flags override them.
 Without ``--config``: the built-in tiny chain task (difficulty 3, 40 tokens). Same code as the
 learner's periodic evaluation (``dapo_async.evaluation``)."""
 
@@ -24,36 +26,29 @@ def eval_config(args: argparse.Namespace):
     if args.data:
         over += [f"data.eval_source={args.data}"]
     if args.max_tokens is not None:
-        over += [f"generator.max_tokens={args.max_tokens}"]
+        over += [f"eval.max_tokens={args.max_tokens}"]
+    if args.k is not None:
+        over += [f"eval.k={args.k}"]
     if args.temperature is not None:
-        over += [f"generator.eval_temperature={args.temperature}"]
-    elif args.k > 1:
-        over += ["generator.eval_temperature=1.0"]
+        over += [f"eval.temperature={args.temperature}"]
+    elif args.k is not None and args.k > 1:
+        over += ["eval.temperature=1.0"]  # k samples of one prompt: sampled, not greedy
     if args.num_prompts is not None:
         over += [f"data.num_eval={args.num_prompts}"]
     if args.difficulty is not None:
         over += [f"data.difficulty={args.difficulty}"]
     if args.max_difficulty is not None:
         over += [f"data.max_difficulty={args.max_difficulty}"]
-    over += ["reward.overlong_max_len=0"]  # derived from the (possibly new) max_tokens
+    if args.engine is not None:
+        over += [f"eval.engine={args.engine}"]
     return load_config(args.config, over)
-
-
-def _engine(args, cfg, model_dir: str):
-    if args.engine == "vllm":
-        from dapo_async.engines.vllm import VLLMEngine
-
-        return VLLMEngine(model_dir, cfg, seed=cfg.seed)
-    from dapo_async.engines import make_engine
-
-    return make_engine("hf", model_dir, cfg.generator.dtype)
 
 
 def main(args: argparse.Namespace) -> int:
     out = run_eval(args)
     print(
         f"avg@{out['k']} {out['avg_at_k']:.4f}  pass@{out['k']} {out['pass_at_k']:.4f}  on "
-        f"{out['num_prompts']} prompts ({args.engine})",
+        f"{out['num_prompts']} prompts ({out['engine']})",
         file=sys.stderr,
     )
     if args.json:
@@ -74,12 +69,13 @@ def run_eval(args: argparse.Namespace) -> dict:
     set_threads(cfg.launch.torch_threads)
     from transformers import AutoTokenizer
 
-    from dapo_async.evaluation import evaluate_engine
+    from dapo_async.evaluation import eval_engine, evaluate_engine
 
     records = load_heldout(cfg.data, cfg.seed)
     model_dir = args.model or cfg.model.source_dir
     tok = AutoTokenizer.from_pretrained(model_dir)
-    engine = _engine(args, cfg, model_dir)
+    kind = cfg.eval.resolved_engine(cfg.generator)
+    engine = eval_engine(cfg, model_dir, kind)
 
     def progress(done: int, total: int) -> None:
         bar = "#" * int(30 * done / max(total, 1))
@@ -97,9 +93,9 @@ def run_eval(args: argparse.Namespace) -> dict:
         "k": int(res["eval/k"]),
         "num_prompts": int(res["eval/num_prompts"]),
         "num_rows": int(res["eval/num_rows"]),  # rows of the file; repeats folded into prompts
-        "temperature": cfg.generator.eval_temperature,
+        "temperature": cfg.eval.temperature,
         "response_len_mean": res["eval/response_len_mean"],
-        "engine": args.engine,
+        "engine": kind,
         "data": cfg.data.eval_source or cfg.data.source,
         "per_source": _per_source(res),
     }

@@ -32,3 +32,23 @@ def test_periodic_evaluation_runs_in_the_evaluator_role(tiny_model, tmp_path, cl
     evals = _rows(run / "metrics" / "evaluator.jsonl")
     assert evals and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
     assert {r["step"] for r in evals} <= {1, 2, 3}
+
+
+def test_a_summary_from_an_earlier_session_does_not_end_the_evaluator(tmp_path):
+    """A resumed run (or a resubmitted Slurm job) starts its evaluator while the first
+    session's learner_summary.json may still be there: it counts only once written after the
+    evaluator started, or after the grace (an evaluator restarted after the learner's end)."""
+    import os
+    import time
+
+    from dapo_async import eval_snapshots
+
+    started = time.time()
+    assert not eval_snapshots.learner_finished(tmp_path, started)
+    summary = tmp_path / eval_snapshots.SUMMARY_FILE
+    summary.write_text("{}")
+    os.utime(summary, (started - 3600, started - 3600))  # the earlier session's
+    assert not eval_snapshots.learner_finished(tmp_path, started, grace_s=300)
+    assert eval_snapshots.learner_finished(tmp_path, started - 301, grace_s=300)
+    os.utime(summary, (started + 1, started + 1))  # this session's learner finished
+    assert eval_snapshots.learner_finished(tmp_path, started, grace_s=300)

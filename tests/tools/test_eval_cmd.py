@@ -88,3 +88,31 @@ def test_eval_reports_each_data_source(tiny_model, tmp_path, repo, cli_env):
     assert set(res["per_source"]) == {"easy", "hard"}
     both = [res["per_source"][s]["avg_at_k"] for s in ("easy", "hard")]
     assert sum(both) / 2 == pytest.approx(res["avg_at_k"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_eval_k8_reports_avg_and_pass_per_source(engine, tiny_model, tmp_path, repo, cli_env):
+    """`eval --config C --k 8 --json`: avg@8 and pass@8 per data source. eval.engine is auto:
+    the run's generator.engine picks the engine (vLLM's CPU build for `vllm`)."""
+    rows = [
+        {
+            "data_source": "easy" if a % 2 else "hard",
+            "prompt": [{"role": "user", "content": f"{a}+1="}],
+            "reward_model": {"ground_truth": str(a + 1)},
+        }
+        for a in range(1, 5)
+    ]
+    f = tmp_path / "two_sources.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    res = run_eval(
+        repo, cli_env, "--config", "configs/tiny_cpu.yaml", "--model", str(tiny_model),
+        "--k", "8", f"data.eval_source={f}", "data.prompt_format=raw",
+        f"generator.engine={engine}", "eval.max_tokens=12",
+    )  # fmt: skip
+    assert res["engine"] == engine and res["k"] == 8 and res["temperature"] == 1.0
+    assert set(res["per_source"]) == {"easy", "hard"}
+    for part in res["per_source"].values():
+        assert 0.0 <= part["avg_at_k"] <= part["pass_at_k"] <= 1.0
+    avg = sum(p["avg_at_k"] for p in res["per_source"].values()) / 2
+    assert avg == pytest.approx(res["avg_at_k"])
