@@ -7,9 +7,6 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${DAPO_VENV:-.venv}
 LOCK=requirements/cpu.lock
-# The pinned torch is a +cpu build, which PyPI does not serve: where the machine's own package
-# index lacks it, pip retries with PyTorch's CPU wheel index (DAPO_TORCH_INDEX overrides it).
-TORCH_INDEX=${DAPO_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 STAMP="$VENV/.dapo_setup_stamp"
 
 want=$(cat "$LOCK" pyproject.toml | sha256sum | cut -d' ' -f1)
@@ -25,11 +22,8 @@ fi
 echo "[setup] installing pinned packages from $LOCK (a few minutes on a fresh machine)"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # --no-deps: the lock is complete; this keeps torchvision/torchaudio/torchcodec/triton out.
-if ! "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK"; then
-  echo "[setup] a pin is not on this machine's package index (usually torch's +cpu build);" \
-    "retrying with $TORCH_INDEX as an extra index"
-  "$VENV/bin/python" -m pip install -q --no-deps -r "$LOCK" --extra-index-url "$TORCH_INDEX"
-fi
+# torch's +cpu pin: from PyTorch's CPU index where this machine's index lacks it.
+bash tools/install_pins.sh "$VENV/bin/python" "$LOCK"
 # If an older venv still has the packages that break `import vllm` on CPU, remove them.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -m pip install -q --no-deps -e .

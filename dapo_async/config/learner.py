@@ -41,9 +41,9 @@ class LearnerConfig:
     eval_every: int = F(0, "Held-out evaluation every N steps; 0 = before and after only.", ge=0)
     eval_process: bool = F(
         True,
-        "Periodic evaluations (eval_every) run in an `evaluator` role (started by `train`) on "
-        "weight snapshots the learner writes, off its critical path; false = on learner rank 0 "
-        "between steps.",
+        "With eval_every: evaluations (before, periodic, after) run in an `evaluator` role "
+        "(started by `train`) on the generators' engine, on weight snapshots the learner "
+        "writes, off its critical path; false = on learner rank 0 between steps.",
     )
     backend: str = Choice(
         "torch.distributed backend of the training world",

@@ -1,14 +1,16 @@
 """`dapo-async evaluator CONFIG [overrides]`: periodic held-out evaluation in its own process.
 
 The learner (``learner.eval_process``) writes a weight snapshot at every ``learner.eval_every``
-step and goes on training; this role loads each snapshot into its own inference engine —
+step and goes on training (and asks for the evaluations before and after training the same
+way); this role loads each snapshot into its own inference engine —
 ``eval.engine``, by default the generators' (vLLM where the run samples with vLLM), in
 ``generator.dtype`` on its own device (``dapo-async train`` gives it generator 0's GPUs) — evaluates it (``dapo_async.evaluation``: avg@k / pass@k per data source) and records ``eval/*``
 at the snapshot's version in ``metrics/evaluator.jsonl`` and Aim, so the learner's step time no
 longer holds the evaluation. It exits on SIGINT/SIGTERM, or once the learner has finished
 (``learner_summary.json``) and nothing is pending.
 
-    loop: pending snapshots? → load (oldest first) → evaluate → track(version) → delete
+    loop: pending snapshots? → load (oldest first) → evaluate → track(version)
+                                 [before/after: eval_before.json / eval_after.json] → delete
           none? → learner finished? exit : sleep POLL_S
 """
 
@@ -40,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
     from dapo_async.data.datasets import load_heldout
     from dapo_async.evaluation import eval_engine, evaluate_engine, load_snapshot
     from dapo_async.tracking import Tracker
+    from dapo_async.utils import atomic_write_json
 
     run_dir = cfg.resolved_run_dir
     records = load_heldout(cfg.data, cfg.seed)
@@ -57,15 +60,23 @@ def main(args: argparse.Namespace) -> int:
                     break
                 time.sleep(POLL_S)
                 continue
-            version, path = todo[0]
+            version, path, tag = todo[0]
             t0 = time.monotonic()
-            load_snapshot(engine, path, version)
+            if tag == eval_snapshots.BEFORE and evaluated:
+                log.warning("skipping %s: the engine no longer holds the initial policy", path)
+                eval_snapshots.done(path)
+                continue
+            if tag != eval_snapshots.BEFORE:  # before: the engine holds the initial policy
+                load_snapshot(engine, path, version)
             ev = evaluate_engine(engine, tok, cfg, records)
             ev["eval/seconds"] = time.monotonic() - t0
             tracker.track(ev, version)
+            if tag:  # the run's summary reads these (`train`, the benches)
+                atomic_write_json(run_dir / f"eval_{tag}.json", ev)
             log.info(
-                "v%d held-out accuracy %.3f (%.1fs)",
+                "v%d held-out accuracy %s%.3f (%.1fs)",
                 version,
+                f"{tag} training: " if tag else "",
                 ev["eval/accuracy"],
                 ev["eval/seconds"],
             )

@@ -1,7 +1,8 @@
 """Supervision of a run's role processes: start in order, watch, restart, stop.
 
     start: buffer ─(endpoint file)─► learner ─(wsync endpoint, dist mode)─► generators
-    watch, every WATCH_PERIOD_S until the learner exits 0:
+    watch, every WATCH_PERIOD_S until the learner exits 0 (then drain: the evaluator's last
+    evaluations, before it exits by itself):
         a role exited? ── may it come back? ── no ──► RuntimeError (its log tail; the run ends)
                                 │ yes
                                 ▼
@@ -45,6 +46,9 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 30.0
 # An error exit this soon after starting is not retried (bad config, missing file, bug at start).
 MIN_UPTIME_S = 20.0
+# After the learner's last step, the evaluator's queue (a few snapshots, the final one) gets
+# this long to drain: minutes on a real model, seconds on the tiny one.
+DRAIN_TIMEOUT_S = 1800.0
 
 
 class RestartPolicy:
@@ -228,6 +232,29 @@ class Supervisor:
             time.sleep(WATCH_PERIOD_S)
         if sys.stderr.isatty():
             print(file=sys.stderr)
+
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """After the learner: the extras (the evaluator) finish their queued work and exit by
+        themselves; one that dies is restarted as during the run. Raises KeyboardInterrupt on
+        a signal; past ``timeout_s`` it stops waiting (the caller stops them)."""
+        if not self.extras:
+            return
+        print("[train] learner finished; waiting for the last evaluations…", file=sys.stderr)
+        deadline = time.monotonic() + timeout_s
+        while any(r.poll() is None or r.restart_at is not None for r in self.extras):
+            if self.interrupted:
+                raise KeyboardInterrupt
+            now = time.monotonic()
+            if now > deadline:
+                print(f"[train] still evaluating after {timeout_s:.0f}s: stopping", file=sys.stderr)
+                return
+            for role in self.extras:
+                if role.restart_at is not None:
+                    if now >= role.restart_at:
+                        self._start_again(role)
+                elif role.poll() not in (None, 0):
+                    self._schedule_restart(role, now)
+            time.sleep(WATCH_PERIOD_S)
 
     def _schedule_restart(self, role: Role, now: float) -> None:
         code = role.poll()

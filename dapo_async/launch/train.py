@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dapo_async import eval_snapshots
 from dapo_async.checkpoint_dirs import latest
 from dapo_async.config import ConfigError, load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
@@ -201,10 +202,9 @@ def service_roles(cfg, run_dir: Path, env: dict) -> list[Role]:
 
 
 def evaluator_roles(cfg, cfg_path: Path, run_dir: Path, env: dict) -> list[Role]:
-    """The evaluator role, when periodic evaluations run in their own process: on generator 0's
-    devices, where its engine (``eval.engine``) runs as the generators' does."""
-    lc = cfg.learner
-    if not (lc.eval_every and lc.eval_process):
+    """The evaluator role, when evaluations (before, periodic, after) run in their own process:
+    on generator 0's devices, where its engine (``eval.engine``) runs as the generators' does."""
+    if not eval_snapshots.uses_evaluator(cfg):
         return []
     cmd = _cli("evaluator", str(cfg_path), f"run_dir={run_dir}")
     env = role_env(env, device_plan(cfg).generators[0])
@@ -260,6 +260,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         sup.start()
         sup.watch()
+        sup.drain()
     except KeyboardInterrupt:
         print("\n[train] interrupted: stopping all roles…", file=sys.stderr)
         rc = 130

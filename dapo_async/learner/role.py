@@ -2,14 +2,16 @@
 
     build()                 models (policy, optional frozen reference), Parallel, Trainer, buffer
                             socket; rank 0 also the weight publisher, the tracker, held-out prompts
-    evaluate_before()       rank 0, fresh runs: held-out accuracy of the initial policy
+    evaluate_before()       rank 0, fresh runs: held-out accuracy of the initial policy (with an
+                            evaluator role: a request to it)
     run() → per step s:
       fetch(s)              this rank's shard of step s from the buffer (waiting counts as idle)
       trainer.step(groups)  proximal recompute, K mini-batch updates → version s+1
       publish()             rank 0 sends version s+1 to the generators (FSDP2: streamed gathers)
       checkpoint(s)         on schedule and at the last step; then the buffer is told
       track(s)              rank 0: metrics, periodic held-out evaluation, the log line
-    finish()                rank 0: final evaluation, eval_after.json, learner_summary.json
+    finish()                rank 0: final evaluation, eval_after.json (with an evaluator role:
+                            its snapshot), learner_summary.json
     close()                 sockets, tracker, publisher, process group
 
 The run ends after ``learner.num_steps`` steps, or after the step that crosses
@@ -141,11 +143,15 @@ class Learner:
         return model, tokenizer, ref_model
 
     def evaluate_before(self) -> None:
-        """Rank 0 of a fresh run, before sharding: the plain model evaluates alone."""
+        """Rank 0 of a fresh run, before sharding: the plain model evaluates alone (or the
+        evaluator role, on the generators' engine, when the run has one)."""
         if self.rank != 0 or self.resume_from is not None:
             return
         if self.resume and (self.run_dir / "eval_before.json").exists():
             return  # restarted before its first checkpoint: the same initial policy
+        if eval_snapshots.uses_evaluator(self.cfg):
+            eval_snapshots.request_before(self.run_dir)
+            return
         ev = evaluate_records(self.model, self.tokenizer, self.cfg, self.eval_records)
         self.tracker.track(ev, 0)
         self.log.info("held-out accuracy before training: %.3f", ev["eval/accuracy"])
@@ -305,7 +311,7 @@ class Learner:
     def track(self, step: int, metrics: dict, evaluate: bool) -> None:
         if evaluate:
             t0 = time.monotonic()
-            if self.cfg.learner.eval_process:  # the evaluator role takes it from here
+            if eval_snapshots.uses_evaluator(self.cfg):  # the evaluator takes it from here
                 eval_snapshots.write(self.run_dir, self.full, self.trainer.version)
             else:
                 metrics.update(self._evaluate())
@@ -327,11 +333,17 @@ class Learner:
             )
 
     def finish(self) -> None:
-        """Rank 0: the final held-out evaluation and the run's summary."""
-        ev = self._evaluate()
-        self.tracker.track(ev, self.trainer.version)
-        self.log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
-        atomic_write_json(self.run_dir / "eval_after.json", ev)
+        """Rank 0: the final held-out evaluation (here, or handed to the evaluator role) and
+        the run's summary."""
+        if eval_snapshots.uses_evaluator(self.cfg):
+            eval_snapshots.write(
+                self.run_dir, self.full, self.trainer.version, eval_snapshots.AFTER
+            )
+        else:
+            ev = self._evaluate()
+            self.tracker.track(ev, self.trainer.version)
+            self.log.info("held-out accuracy after training: %.3f", ev["eval/accuracy"])
+            atomic_write_json(self.run_dir / "eval_after.json", ev)
         seconds = time.monotonic() - self.t_start
         summary = {
             "steps": self.trainer.version,

@@ -1,6 +1,7 @@
-"""Periodic held-out evaluation off the learner's critical path: with learner.eval_every the
-learner writes a weight snapshot per evaluation and goes on; the launcher's evaluator role
-evaluates each and records eval/* at that version (metrics/evaluator.jsonl)."""
+"""Held-out evaluation off the learner's critical path: with learner.eval_every the learner
+writes a weight snapshot per evaluation and goes on; the launcher's evaluator role evaluates
+each on the generators' engine and records eval/* at that version (metrics/evaluator.jsonl),
+the evaluations before and after training included (eval_before.json, eval_after.json)."""
 
 import json
 from pathlib import Path
@@ -26,12 +27,19 @@ def test_periodic_evaluation_runs_in_the_evaluator_role(tiny_model, tmp_path, cl
     # the learner only wrote snapshots at steps 1..3 (step 4's evaluation is the final one)
     waits = [r["time/eval_s"] for r in learner if "time/eval_s" in r]
     assert len(waits) == 3
-    assert not any("eval/accuracy" in r and "time/eval_s" in r for r in learner)
+    assert not any("eval/accuracy" in r for r in learner)  # it evaluated nothing itself
     log = (run / "logs" / "evaluator.log").read_text()
-    assert "held-out accuracy" in log, log[-2000:]
+    assert "held-out accuracy before training" in log, log[-2000:]
+    assert "held-out accuracy after training" in log, log[-2000:]
     evals = _rows(run / "metrics" / "evaluator.jsonl")
     assert evals and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
-    assert {r["step"] for r in evals} <= {1, 2, 3}
+    assert {r["step"] for r in evals} == {0, 1, 2, 3, 4}  # before, periodic, after
+    # the run's summary has the evaluator's before/after figures, written before `train` ended
+    summary = last_json(out)
+    by_step = {r["step"]: r["eval/accuracy"] for r in evals}
+    assert summary["heldout_accuracy_before"] == by_step[0]
+    assert summary["heldout_accuracy_after"] == by_step[4]
+    assert not list((run / "eval_snapshots").iterdir())  # every request was served
 
 
 def test_a_summary_from_an_earlier_session_does_not_end_the_evaluator(tmp_path):
