@@ -1,8 +1,11 @@
 """Semantic checks of a scored group at ingest, beyond what the protocol can check: a group that
 decodes fine can still crash the learner (a token id outside the vocabulary) or train on
 something that was never asked (a prompt other than the leased one, a response longer than
-``generator.max_tokens``, more or fewer responses than ``generator.responses_per_prompt``). A failing group is rejected with a reason, counted, acknowledged (so
-the generator drops it) and its prompt is leased again; nothing of it is stored."""
+``generator.max_tokens``, more or fewer responses than ``generator.responses_per_prompt``). A
+failing group is rejected with a reason, counted, acknowledged (so the generator drops it) and
+its prompt is leased again; nothing of it is stored. Before any of that, a message larger than
+the config allows (``max_message_bytes``) never arrives: ZeroMQ drops its sender's connection
+when the frame's length is read, before allocating it."""
 
 from __future__ import annotations
 
@@ -32,11 +35,34 @@ def forbidden(role: str | None, msg: protocol.Message, authenticated: bool) -> b
     return allowed is None or not isinstance(msg, allowed)
 
 
+# Wire bytes of one response token: its id, log-prob and weights version (4 bytes each), with
+# room to spare; and of one response's own columns (length, reward, accuracy, components, finish).
+WIRE_BYTES_PER_TOKEN = 16
+WIRE_BYTES_PER_RESPONSE = 256
+# The msgpack header and every small message (leases, heartbeats, batch requests) fit in this.
+MESSAGE_SLACK_BYTES = 1 << 20
+
+
+def max_message_bytes(cfg) -> int:
+    """The largest message the buffer accepts, from the run config: as many full-length groups
+    as one generator may hold leases for (``buffer.max_leases_per_generator``), each of
+    ``generator.responses_per_prompt`` responses of ``generator.max_tokens`` tokens after a
+    ``data.max_prompt_len`` prompt. An honest message is far below it (tiny: ~1.2 MiB; the
+    Qwen2.5-Math-7B config: ~50 MiB); a 239 MB frame is refused before it is read."""
+    g = cfg.generator
+    per_response = g.max_tokens * WIRE_BYTES_PER_TOKEN + WIRE_BYTES_PER_RESPONSE
+    per_group = g.responses_per_prompt * per_response + cfg.data.max_prompt_len * 8
+    groups = max(1, cfg.buffer.max_leases_per_generator)
+    return groups * per_group + MESSAGE_SLACK_BYTES
+
+
 @dataclass(frozen=True)
 class GroupLimits:
     vocab_size: int  # token ids must be in [0, vocab_size); 0 = unknown (not checked)
     max_response_tokens: int  # generator.max_tokens
     responses_per_group: int = 0  # generator.responses_per_prompt; 0 = not checked
+    # the largest message decoded (``max_message_bytes``; ZeroMQ enforces it on the socket)
+    max_message_bytes: int = protocol.DEFAULT_MAX_MESSAGE_BYTES
 
 
 def model_vocab_size(model_dir: str | Path) -> int:

@@ -15,7 +15,9 @@ class Counters:
     qualified: int = 0
     trained: int = 0
     leased: int = 0
-    lease_reissued: int = 0
+    lease_reissued: int = 0  # leases of silent generators, overdue or stalled, re-issued
+    lease_overdue: int = 0  # of those: past buffer.lease_deadline_s while their holder lived
+    lease_stalled: int = 0  # of those: re-issued by the watchdog (the learner waited)
     paced_waits: int = 0  # batch requests that waited for a prompt due at that step
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
@@ -34,5 +36,6 @@ class Counters:
 
 # The plain counts of Counters, in snapshot order.
 COUNT_FIELDS = (
-    "produced", "accepted", "qualified", "trained", "leased", "lease_reissued", "paced_waits",
+    "produced", "accepted", "qualified", "trained", "leased", "lease_reissued", "lease_overdue",
+    "lease_stalled", "paced_waits",
 )  # fmt: skip

@@ -13,7 +13,7 @@ import sys
 import zmq
 
 from dapo_async import transport
-from dapo_async.buffer.checks import GroupLimits, model_vocab_size
+from dapo_async.buffer.checks import GroupLimits, max_message_bytes, model_vocab_size
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
@@ -113,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
         cfg.buffer.port or previous_port(run_dir),
         keys_dir=keys_dir,
         insecure_allow_public_bind=cfg.launch.insecure_allow_public_bind,
+        max_message_bytes=max_message_bytes(cfg),
     )
     tracker = Tracker.for_role(cfg, "buffer")
     svc = BufferService(
@@ -122,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
             model_vocab_size(cfg.model.source_dir),
             cfg.generator.max_tokens,
             cfg.generator.responses_per_prompt,
+            max_message_bytes(cfg),
         ),
         prompts,
         tokens,

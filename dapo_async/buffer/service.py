@@ -22,6 +22,7 @@ import zmq
 from dapo_async import protocol, transport
 from dapo_async.buffer import wal
 from dapo_async.buffer.checks import GroupLimits, forbidden, semantic_error
+from dapo_async.buffer.identity import Identities
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import BufferConfig
 from dapo_async.data.tasks import PromptRecord
@@ -60,6 +61,7 @@ class BufferService:
         self.limits = limits
         self.on_stats = on_stats
         self.malformed: dict[str, int] = {}
+        self.identities = Identities()  # generator id -> the connection that speaks for it
         # generator id -> (weights version, outbox size) from its latest heartbeat
         self.generator_views: dict[str, tuple[int, int]] = {}
         self.wal: wal.WriteAheadLog | None = None
@@ -105,6 +107,8 @@ class BufferService:
             s.grant(args[0], args[1], weights_version=args[2] if len(args) > 2 else 0)
         elif name == "expire":
             s.expire_ids(args)
+        elif name == "refuse":
+            s.refuse(*args)
         elif name == "ingest":
             group, names = wal.decode_group(blob)
             if not s.component_names and s.counters.accepted == 0:
@@ -177,8 +181,10 @@ class BufferService:
         for i in range(len(msg.batch)):
             g = msg.batch.group(i)
             status = self._ingest(g)
-            if status == "stored" or status.startswith("rejected"):
+            if status == "stored":
                 self._log("ingest", None, wal.encode_group(g, msg.batch.component_names))
+            elif status.startswith("rejected:"):  # its effect, not its (maybe huge) arrays
+                self._log("refuse", [g.prompt_id, g.generator_id, status.split(":", 1)[1]])
             statuses.append(status)
         return protocol.Ack(msg.batch.group_ids(), statuses)
 
@@ -221,6 +227,12 @@ class BufferService:
         self.compact()
         return protocol.Ack([], [])
 
+    def maybe_compact(self) -> None:
+        """Compact a log that grew too large without a checkpoint (``wal.needs_compaction``);
+        called between messages, when the state holds everything acknowledged."""
+        if self.wal is not None and self.wal.needs_compaction():
+            self.compact()
+
     def compact(self) -> None:
         if self.wal is None:
             return
@@ -241,7 +253,9 @@ class BufferService:
         n = 0
         authenticated = self.server.roles is not None
         while n < MAX_MESSAGES_PER_ITERATION and sock.poll(0):
-            ident, user, msg = transport.recv_routed_user(sock, timeout_s=None)
+            ident, user, msg = transport.recv_routed_user(
+                sock, timeout_s=None, max_bytes=self.limits.max_message_bytes
+            )
             n += 1
             if isinstance(msg, protocol.ProtocolError):
                 self.malformed[msg.reason] = self.malformed.get(msg.reason, 0) + 1
@@ -255,11 +269,18 @@ class BufferService:
                     )
                 self.malformed[key] = self.malformed.get(key, 0) + 1
                 continue
+            if not self.identities.admits(ident, msg, time.monotonic()):
+                if "impersonation" not in self.malformed:
+                    log.warning("refusing %s in the name of a generator another connection "
+                                "speaks for", msg.KIND)  # fmt: skip
+                self.malformed["impersonation"] = self.malformed.get("impersonation", 0) + 1
+                continue
             reply = self.handle(msg)
             if reply is not None:
                 replies.append((ident, reply))
         if self.wal is not None:
             self.wal.flush()
+            self.maybe_compact()
         for ident, reply in replies:
             try:
                 transport.send_routed(sock, ident, reply)
@@ -275,9 +296,17 @@ class BufferService:
         self._last_stats = now
         lost = self.state.expire_leases(now)
         self.forget_silent_generators(now)
+        self.identities.forget_silent(now)
         if lost:
             self._log("expire", [ls.lease_id for ls in lost])
-            log.warning("re-issuing %d prompts of silent generators", len(lost))
+            c = self.state.counters
+            log.warning(
+                "re-issuing %d leases (silent generators, overdue, or held while the learner "
+                "waits; so far: %d overdue, %d by the watchdog)",
+                len(lost),
+                c.lease_overdue,
+                c.lease_stalled,
+            )
         if self.on_stats is not None:
             self.on_stats(self.stats())
 

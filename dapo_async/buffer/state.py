@@ -72,6 +72,9 @@ class BufferState:
         self.counted_steps: set[int] = set()  # steps whose groups count as trained
         self.rank_steps: dict[int, int] = {}  # learner rank -> last step it asked for
         self.checkpointed_step = -1
+        # step -> when its assembly first had to wait (the watchdog's clock; not persisted: a
+        # restarted buffer starts counting again)
+        self.waiting_since: dict[int, float] = {}
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
@@ -115,6 +118,10 @@ class BufferState:
         now = time.monotonic() if now is None else now
         self.generators[generator_id] = now
         deadline = self.deadline(weights_version)
+        cap = self.cfg.max_leases_per_generator
+        if cap:  # one generator cannot hoard the prompts the others need
+            held = sum(ls.generator_id == generator_id for ls in self.leases.values())
+            num = min(num, max(0, cap - held))
         out = []
         for _ in range(min(num, self.admissible(deadline))):
             lease = Lease(self.next_lease_id, self.cursor.next(), generator_id, now, deadline)
@@ -131,10 +138,27 @@ class BufferState:
         self.generators[generator_id] = time.monotonic() if now is None else now
 
     def expire_leases(self, now: float | None = None) -> list[Lease]:
-        """Re-issue the prompts of generators silent for lease_timeout_s."""
+        """Re-issue the prompts of leases that will not come back in time: those of generators
+        silent for lease_timeout_s; those past lease_deadline_s since their grant (a stuck or
+        hoarding generator that still heartbeats); and, when the learner has waited
+        stall_reissue_s for a step, those held that long (the watchdog)."""
         now = time.monotonic() if now is None else now
-        dead = {g for g, t in self.generators.items() if now - t > self.cfg.lease_timeout_s}
-        lost = [ls for ls in self.leases.values() if ls.generator_id in dead]
+        c = self.cfg
+        dead = {g for g, t in self.generators.items() if now - t > c.lease_timeout_s}
+        stalled = bool(c.stall_reissue_s) and any(
+            now - t > c.stall_reissue_s for t in self.waiting_since.values()
+        )
+        lost = []
+        for ls in self.leases.values():
+            age = now - ls.granted_at
+            if ls.generator_id in dead:
+                lost.append(ls)
+            elif c.lease_deadline_s and age > c.lease_deadline_s:
+                self.counters.lease_overdue += 1
+                lost.append(ls)
+            elif stalled and age > c.stall_reissue_s:
+                self.counters.lease_stalled += 1
+                lost.append(ls)
         for ls in lost:
             del self.leases[ls.lease_id]
             self.cursor.requeue(ls.prompt_index)
@@ -154,8 +178,7 @@ class BufferState:
         lease = self.leases.get(group.prompt_id)
         if lease is None or lease.generator_id != group.generator_id:
             # not remembered: an id refused here must not make a later real group a duplicate
-            self.counters.rejected["unknown_lease"] += 1
-            return "rejected:unknown_lease"
+            return self.refuse(group.prompt_id, group.generator_id, "unknown_lease")
         del self.leases[group.prompt_id]
         self._remember(gid)
         self.counters.produced += 1
@@ -189,9 +212,14 @@ class BufferState:
         status = self._sender_status(group)
         if status:
             return status
-        lease = self.leases.get(group.prompt_id)
-        if lease is not None and lease.generator_id == group.generator_id:
-            del self.leases[group.prompt_id]
+        return self.refuse(group.prompt_id, group.generator_id, reason)
+
+    def refuse(self, lease_id: int, generator_id: str, reason: str) -> str:
+        """What a refused group changes: a count, and the lease it names re-leased when its
+        sender holds it (the write-ahead log records these three values, not the group)."""
+        lease = self.leases.get(lease_id)
+        if lease is not None and lease.generator_id == generator_id:
+            del self.leases[lease_id]
             self.cursor.requeue(lease.prompt_index)
         self.counters.rejected[reason] += 1
         return f"rejected:{reason}"
@@ -309,6 +337,7 @@ class BufferState:
             # latest; the step waits for it rather than leave it to go stale (a long response
             # is never dropped for being slow) — unless its generator fell silent (killed)
             self.counters.paced_waits += 1
+            self.waiting_since.setdefault(step, now)
             return None
         min_version = step - self.cfg.max_staleness
         # oldest first (earliest deadline), then arrival: a slow group is not overtaken
@@ -325,7 +354,9 @@ class BufferState:
             for gid, oldest in reversed(picked):
                 self.oldest[gid] = oldest
                 self.ready.appendleft(gid)
+            self.waiting_since.setdefault(step, now)
             return None
+        self.waiting_since.pop(step, None)
         fresh = [gid for gid, _ in picked]
         tokens = [self.groups[g].num_tokens for g in fresh]
         for g in fresh:
@@ -384,6 +415,9 @@ class BufferState:
             "buffer/trained": float(c.trained),
             "buffer/leased": float(c.leased),
             "buffer/paced_waits": float(c.paced_waits),
+            "buffer/lease_reissued": float(c.lease_reissued),
+            "buffer/lease_overdue": float(c.lease_overdue),
+            "buffer/lease_stalled": float(c.lease_stalled),
         }
         if self.recent_sampled:
             correct = sum(a for a, _ in self.recent_sampled)

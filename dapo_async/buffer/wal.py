@@ -9,7 +9,8 @@ same ``BufferState`` methods rebuilds the exact state.
 A record is written with one ``write`` and flushed before the buffer answers, so a SIGKILL of
 the buffer loses nothing it acknowledged. A torn final record (killed mid-write) is detected by
 its length and cut off at load. ``compact`` writes a snapshot to a new file and renames it over
-the log (atomic), at learner checkpoints.
+the log (atomic), at learner checkpoints and whenever the log has grown to twice its size after
+the last compaction (``needs_compaction``): a run that never checkpoints keeps a bounded log.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ _HEAD = struct.Struct("<IB")
 _FRAMES = struct.Struct("<II")  # header length, data length
 # Sanity bound on one record; a larger length field means a corrupt tail.
 MAX_RECORD_BYTES = 1 << 30
+# A log smaller than this is never compacted for its size (compaction rewrites every stored
+# group; below this it costs more than the disk it frees).
+COMPACT_MIN_BYTES = 64 << 20
 
 
 def encode_group(group: protocol.Group, component_names: list[str]) -> bytes:
@@ -49,9 +53,17 @@ class WriteAheadLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "ab")
+        self.size = self._f.tell()  # bytes in the log now
+        self.compacted_size = self.size  # ... and right after the last compaction
 
     def _append(self, kind: int, payload: bytes) -> None:
         self._f.write(_HEAD.pack(len(payload), kind) + payload)
+        self.size += _HEAD.size + len(payload)
+
+    def needs_compaction(self) -> bool:
+        """Grown past COMPACT_MIN_BYTES and to twice its size after the last compaction:
+        rewriting it then costs at most what was appended since (amortized O(1) per byte)."""
+        return self.size > max(COMPACT_MIN_BYTES, 2 * self.compacted_size)
 
     def event(self, name: str, args: Any, group_bytes: bytes = b"") -> None:
         js = json.dumps([name, args]).encode()
@@ -74,6 +86,7 @@ class WriteAheadLog:
                 f.write(_HEAD.pack(len(g), GROUP) + g)
             f.flush()
             os.fsync(f.fileno())
+            self.size = self.compacted_size = f.tell()
         self._f.close()
         os.replace(tmp, self.path)
         self._f = open(self.path, "ab")

@@ -129,6 +129,10 @@ def load_config(
         raise ConfigError(str(getattr(e, "full_key", "config")), str(e).splitlines()[0]) from None
     if run.reward.overlong_max_len == 0:  # derived: DAPO's L_max is the generation limit
         run.reward.overlong_max_len = run.generator.max_tokens
+    if run.buffer.max_leases_per_generator == 0:  # derived: what one generator keeps in flight
+        g = run.generator
+        in_flight = max(g.prompts_per_batch, -(-g.max_inflight // g.responses_per_prompt))
+        run.buffer.max_leases_per_generator = 2 * in_flight
     run.check()
     return run
 

@@ -138,6 +138,25 @@ class BufferConfig:
         "from it and loses nothing it acknowledged).",
     )
     lease_timeout_s: float = F(30.0, "Leases of a generator silent this long are re-issued.", gt=0)
+    lease_deadline_s: float = F(
+        900.0,
+        "A lease not answered this long after its grant is re-issued even while its generator "
+        "heartbeats (a stuck or hoarding generator); longer than the slowest group takes. "
+        "0 = off.",
+        ge=0,
+    )
+    max_leases_per_generator: int = F(
+        0,
+        "Outstanding leases one generator may hold; 0 = twice the prompts it keeps in flight "
+        "(generator.prompts_per_batch, or max_inflight / responses_per_prompt).",
+        ge=0,
+    )
+    stall_reissue_s: float = F(
+        120.0,
+        "Watchdog: when the learner has waited this long for a step, leases held this long "
+        "are re-issued to other generators (counted in buffer/lease_stalled). 0 = off.",
+        ge=0,
+    )
 
     def check(self, p: str) -> None:
         _need(

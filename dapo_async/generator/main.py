@@ -53,8 +53,15 @@ def main(args: argparse.Namespace) -> int:
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
 
     ctx = zmq.Context()
+    # its id as the socket's routing id: a reconnect keeps the connection the buffer binds the
+    # id to (buffer/identity.py)
     sock = transport.connect_client(
-        ctx, zmq.DEALER, endpoint, keys_dir=run_keys_dir(cfg.launch, run_dir), role="generator"
+        ctx,
+        zmq.DEALER,
+        endpoint,
+        keys_dir=run_keys_dir(cfg.launch, run_dir),
+        identity=gen_id.encode(),
+        role="generator",
     )
     tracker = Tracker.for_role(cfg, gen_id)
     g = cfg.generator

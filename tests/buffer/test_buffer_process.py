@@ -315,3 +315,110 @@ def test_buffer_authenticates_every_client_and_each_role_sends_only_its_messages
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["malformed"] == {"forbidden_checkpoint_notice": 1, "forbidden_batch_request": 1}
     assert "intruder" not in buffer_log(cfg_path)
+
+
+def test_a_frame_beyond_the_configs_bound_never_reaches_the_buffer(
+    tmp_path, tokenizer_dir, repo, cli_env
+):
+    """A 239 MB group on a real lease (it used to be decoded and stored: RSS +1 GB, WAL +240 MB)
+    is cut off by ZeroMQ when its length is read: the bound comes from the config
+    (``buffer.checks.max_message_bytes``, ~1 MiB here). Nothing is counted, the lease stays
+    its holder's, and a normal group on it is stored after the sender reconnects."""
+    import numpy as np
+
+    cfg_path, run = write_config(tmp_path, tokenizer_dir)
+    buf = start_buffer(cfg_path, repo, cli_env)
+    try:
+        endpoint = wait_endpoint(run, buf)
+        ctx = zmq.Context()
+
+        def client():  # with its id as routing id, as a generator connects
+            return T.connect_client(
+                ctx, zmq.DEALER, endpoint, run / "keys", identity=b"g", role="generator"
+            )
+
+        sock = client()
+        assert isinstance(T.request(sock, P.Hello("g", 1, "hf"), timeout_s=10), P.Ack)
+        grant = T.request(sock, P.LeaseRequest("g", 1), timeout_s=10)
+        (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
+
+        def make(seq, per_response):
+            n = 4 * per_response  # 4 responses: generator.responses_per_prompt
+            return P.Group(
+                "g", seq, lease_id, np.array(prompt, np.int32), np.full(4, per_response, np.int32),
+                np.full(n, 10, np.int32), np.full(n, -0.5, np.float32), np.zeros(n, np.int32),
+                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
+                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
+            )  # fmt: skip
+
+        names = ["correct", "overlong"]
+        huge = P.ScoredGroups(P.GroupBatch.from_groups([make(0, 5_000_000)], names))
+        assert sum(len(memoryview(f).cast("B")) for f in P.encode(huge)) > 239e6
+        with pytest.raises(T.RecvTimeout):
+            T.request(sock, huge, timeout_s=5)
+        del huge
+        sock.close(linger=0)
+        sock = client()  # the generator's reconnect
+        ack = T.request(
+            sock, P.ScoredGroups(P.GroupBatch.from_groups([make(1, 2)], names)), timeout_s=10
+        )
+        assert ack.statuses == ["stored"]
+        sock.close(linger=0)
+        ctx.term()
+        assert buf.poll() is None
+    finally:
+        stop_buffer(buf)
+    final = json.loads((run / "buffer_final.json").read_text())
+    assert final["counters"]["rejected"] == {} and final["counters"]["produced"] == 1
+
+
+def test_a_second_connection_cannot_act_for_a_live_generator(
+    tmp_path, tokenizer_dir, repo, cli_env
+):
+    """The insider with the generators' key: a second connection claiming the first's id
+    sends a group on its (guessable) lease. It used to be stored — the real generator's work
+    refused, the impostor's trained. Now the id belongs to the connection that introduced it:
+    the impostor gets no answer, the real group is stored, and the impostor is counted."""
+    import numpy as np
+
+    cfg_path, run = write_config(tmp_path, tokenizer_dir)
+    buf = start_buffer(cfg_path, repo, cli_env)
+    try:
+        endpoint = wait_endpoint(run, buf)
+        ctx = zmq.Context()
+        real, impostor = (
+            T.connect_client(ctx, zmq.DEALER, endpoint, run / "keys", role="generator")
+            for _ in range(2)
+        )
+        assert isinstance(T.request(real, P.Hello("g", 1, "hf"), timeout_s=10), P.Ack)
+        grant = T.request(real, P.LeaseRequest("g", 1), timeout_s=10)
+        (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
+
+        def make(seq, token):
+            return P.Group(  # 4 responses of 2 tokens
+                "g", seq, lease_id, np.array(prompt, np.int32), np.full(4, 2, np.int32),
+                np.full(8, token, np.int32), np.full(8, -0.5, np.float32), np.zeros(8, np.int32),
+                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
+                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
+            )  # fmt: skip
+
+        names = ["correct", "overlong"]
+        forged = P.ScoredGroups(P.GroupBatch.from_groups([make(0, 11)], names))
+        with pytest.raises(T.RecvTimeout):
+            T.request(impostor, forged, timeout_s=3)
+        with pytest.raises(T.RecvTimeout):  # nor can it lease in the real one's name
+            T.request(impostor, P.LeaseRequest("g", 4), timeout_s=3)
+        ack = T.request(
+            real, P.ScoredGroups(P.GroupBatch.from_groups([make(0, 12)], names)), timeout_s=10
+        )
+        assert ack.statuses == ["stored"]
+        for s in (real, impostor):
+            s.close(linger=0)
+        ctx.term()
+    finally:
+        stop_buffer(buf)
+    final = json.loads((run / "buffer_final.json").read_text())
+    assert final["counters"]["produced"] == 1 and final["counters"]["leased"] == 1
+    assert final["malformed"]["impersonation"] == 2
