@@ -39,3 +39,23 @@ COUNT_FIELDS = (
     "produced", "accepted", "qualified", "trained", "leased", "lease_reissued", "lease_overdue",
     "lease_stalled", "paced_waits",
 )  # fmt: skip
+
+
+def state_stats(state) -> dict[str, float]:
+    """A ``BufferState``'s metrics (``buffer/*``, and ``rollout/sampled_accuracy``)."""
+    c = state.counters
+    out = {
+        "buffer/version": float(state.version),
+        "buffer/occupancy": float(len(state.groups)),
+        "buffer/ready": float(len(state.ready)),
+        "buffer/outstanding_leases": float(len(state.leases)),
+        **{
+            f"buffer/{name}": float(getattr(c, name)) for name in COUNT_FIELDS if name != "accepted"
+        },
+    }
+    if state.recent_sampled:
+        correct = sum(a for a, _ in state.recent_sampled)
+        out["rollout/sampled_accuracy"] = correct / sum(n for _, n in state.recent_sampled)
+    out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
+    out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
+    return out

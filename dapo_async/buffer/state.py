@@ -33,8 +33,8 @@ import numpy as np
 
 from dapo_async.algo.filters import dynamic_sampling_keep
 from dapo_async.buffer import snapshot
-from dapo_async.buffer.counters import Counters
-from dapo_async.buffer.records import Lease, StepBatch, balance_shards
+from dapo_async.buffer.counters import Counters, state_stats
+from dapo_async.buffer.records import Lease, StepBatch, balance_shards, late_leases
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor, make_cursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
@@ -143,22 +143,10 @@ class BufferState:
         hoarding generator that still heartbeats); and, when the learner has waited
         stall_reissue_s for a step, those held that long (the watchdog)."""
         now = time.monotonic() if now is None else now
-        c = self.cfg
-        dead = {g for g, t in self.generators.items() if now - t > c.lease_timeout_s}
-        stalled = bool(c.stall_reissue_s) and any(
-            now - t > c.stall_reissue_s for t in self.waiting_since.values()
-        )
-        lost = []
-        for ls in self.leases.values():
-            age = now - ls.granted_at
-            if ls.generator_id in dead:
-                lost.append(ls)
-            elif c.lease_deadline_s and age > c.lease_deadline_s:
-                self.counters.lease_overdue += 1
-                lost.append(ls)
-            elif stalled and age > c.stall_reissue_s:
-                self.counters.lease_stalled += 1
-                lost.append(ls)
+        late = late_leases(self.leases.values(), self.generators, self.waiting_since, self.cfg, now)
+        self.counters.lease_overdue += sum(why == "overdue" for _, why in late)
+        self.counters.lease_stalled += sum(why == "stalled" for _, why in late)
+        lost = [ls for ls, _ in late]
         for ls in lost:
             del self.leases[ls.lease_id]
             self.cursor.requeue(ls.prompt_index)
@@ -404,24 +392,4 @@ class BufferState:
                 self.counters.lease_reissued += 1
 
     def stats(self) -> dict[str, float]:
-        c = self.counters
-        out = {
-            "buffer/version": float(self.version),
-            "buffer/occupancy": float(len(self.groups)),
-            "buffer/ready": float(len(self.ready)),
-            "buffer/outstanding_leases": float(len(self.leases)),
-            "buffer/produced": float(c.produced),
-            "buffer/qualified": float(c.qualified),
-            "buffer/trained": float(c.trained),
-            "buffer/leased": float(c.leased),
-            "buffer/paced_waits": float(c.paced_waits),
-            "buffer/lease_reissued": float(c.lease_reissued),
-            "buffer/lease_overdue": float(c.lease_overdue),
-            "buffer/lease_stalled": float(c.lease_stalled),
-        }
-        if self.recent_sampled:
-            correct = sum(a for a, _ in self.recent_sampled)
-            out["rollout/sampled_accuracy"] = correct / sum(n for _, n in self.recent_sampled)
-        out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
-        out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
-        return out
+        return state_stats(self)

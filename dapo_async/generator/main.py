@@ -35,6 +35,15 @@ from dapo_async.weight_sync.base import WeightReceiver
 from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
 
 
+def connect_buffer(ctx: zmq.Context, cfg, endpoint: str, gen_id: str) -> zmq.Socket:
+    """The generator's socket to the buffer, with its id as routing id: a reconnect keeps the
+    connection the buffer binds the id to (``buffer/identity.py``)."""
+    keys = run_keys_dir(cfg.launch, cfg.resolved_run_dir)
+    return transport.connect_client(
+        ctx, zmq.DEALER, endpoint, keys_dir=keys, identity=gen_id.encode(), role="generator"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
@@ -53,16 +62,7 @@ def main(args: argparse.Namespace) -> int:
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
 
     ctx = zmq.Context()
-    # its id as the socket's routing id: a reconnect keeps the connection the buffer binds the
-    # id to (buffer/identity.py)
-    sock = transport.connect_client(
-        ctx,
-        zmq.DEALER,
-        endpoint,
-        keys_dir=run_keys_dir(cfg.launch, run_dir),
-        identity=gen_id.encode(),
-        role="generator",
-    )
+    sock = connect_buffer(ctx, cfg, endpoint, gen_id)
     tracker = Tracker.for_role(cfg, gen_id)
     g = cfg.generator
     args = (gen_id, engine, score, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
