@@ -98,3 +98,58 @@ def test_every_imported_package_is_declared():
                 if not owners & declared and top not in ("math_verify",):  # optional, guarded
                     missing.add(f"{top} ({path.relative_to(PACKAGE)})")
     assert not missing, sorted(missing)
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported_modules(tree) -> set[str]:
+    """Every dapo_async module a module imports, at its top or inside a function."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dapo_"):
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}  # a submodule by name
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("dapo_async.")}
+    return out
+
+
+def test_no_import_circles_inside_a_folder():
+    """Within one folder (engines/, weight_sync/, …) no two modules import each other, even
+    lazily: a reader follows the imports one way (shared parts live in a module both use)."""
+    # package __init__ files re-export (``from dapo_async import protocol``): not edges to follow
+    modules = {_module_name(p): tree for p, tree in _modules() if p.name != "__init__.py"}
+    graph = {
+        name: {m for m in _imported_modules(tree) if m in modules and m != name}
+        for name, tree in modules.items()
+    }
+    folder = {name: name.rsplit(".", 1)[0] for name in modules}
+    circles = set()
+
+    def visit(node, stack):
+        for nxt in graph[node]:
+            if folder[nxt] != folder[node]:
+                continue
+            if nxt in stack:
+                circles.add(" → ".join([*stack[stack.index(nxt) :], nxt]))
+            elif len(stack) < 8:
+                visit(nxt, [*stack, nxt])
+
+    for name in modules:
+        visit(name, [name])
+    assert not circles, sorted(circles)
+
+
+def test_benches_build_roles_from_their_libraries_not_their_main():
+    bad = []
+    for path, tree in _modules():
+        if _top_package(path) != "bench":
+            continue
+        bad += [f"{path.name} imports {m}" for m in _imported_modules(tree) if m.endswith(".main")]
+    assert not bad, bad

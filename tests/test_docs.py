@@ -107,3 +107,31 @@ def test_architecture_quotes_no_bench_figure_results_lacks():
     text = (REPO / "docs" / "architecture.md").read_text()
     quoted = re.findall(r"`dapo-async bench \w+[^`]*` measured\s+[\d.]+", text)
     assert not quoted, quoted
+
+
+def test_architecture_names_files_that_exist_in_the_folders_it_says():
+    """Every `folder/` row of docs/architecture.md's package tables names files of that folder
+    that exist, and names every module of the role and engine folders."""
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    tables = text[text.index("## Packages") : text.index("## The path of one group")]
+    pkg = REPO / "dapo_async"
+    missing, unnamed = [], []
+    for row in tables.splitlines():
+        m = re.match(r"\| [^|]+ \| `(\w+)/(\w*\.py)?`?", row)
+        if not m:
+            continue
+        folder = m.group(1)
+        for name in re.findall(r"`(\w+\.py)`", row):
+            if not (pkg / folder / name).exists() and not (pkg / name).exists():
+                missing.append(f"{folder}/{name}")
+        if folder in ("buffer", "generator", "launch", "engines", "weight_sync", "learner"):
+            named = set(re.findall(r"`(\w+\.py)`", row))
+            unnamed += [
+                f"{folder}/{p.name}"
+                for p in (pkg / folder).glob("*.py")
+                if p.name != "__init__.py" and p.name not in named
+            ]
+    assert not missing, missing
+    assert not unnamed, unnamed

@@ -93,8 +93,8 @@ def bench_prompts(cfg) -> tuple[list[list[int]], list[str]]:
 
 
 def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
+    from dapo_async.generator.build import engine_for, make_scorer, sampling_params
     from dapo_async.generator.loop import GeneratorLoop
-    from dapo_async.generator.main import engine_for, make_scorer, sampling_params
 
     engine = engine_for(cfg, cfg.model.source_dir)
     prompts, truths = bench_prompts(cfg)

@@ -64,7 +64,7 @@ def _receiver(endpoint: str, num_bytes: int, rounds: int, backend: str, q) -> No
     if backend == "nccl":
         torch.cuda.set_device(RECEIVER_GPU)
     from dapo_async.config import load_config
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     cfg = load_config(None, ["weight_sync.timeout_s=120"])
     r = DistWeightReceiver(cfg.weight_sync, None, "bench", endpoint=endpoint, backend=backend)

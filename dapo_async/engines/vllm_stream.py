@@ -46,7 +46,7 @@ class VLLMStream:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from dapo_async.engines.vllm import vllm_params
+        from dapo_async.engines.vllm_convert import vllm_params
 
         if request_id in self.inflight:
             raise ValueError(f"request {request_id!r} is already in flight")
@@ -58,7 +58,7 @@ class VLLMStream:
         self.inflight[request_id] = params.n
 
     def step(self) -> list[tuple[str, list[Completion]]]:
-        from dapo_async.engines.vllm import completion
+        from dapo_async.engines.vllm_convert import completion
 
         done = []
         for _ in range(self.chunk_tokens):

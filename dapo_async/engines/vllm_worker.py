@@ -52,7 +52,7 @@ class WorkerExtension:
         """Join the weight-sync group as ``receiver_id`` (one receiver per worker), with the
         run's keys in ``keys_dir`` ("" for none)."""
         from dapo_async.config import WeightSyncConfig
-        from dapo_async.weight_sync.dist import DistWeightReceiver
+        from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
         rid = f"{receiver_id}-w{getattr(self, 'rank', 0)}"
         ws = WeightSyncConfig(timeout_s=timeout_s)

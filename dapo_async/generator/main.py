@@ -14,34 +14,23 @@ import uuid
 
 import zmq
 
-from dapo_async import transport
 from dapo_async.config import load_config
 from dapo_async.config.paths import check_model_dirs
-from dapo_async.devices import on_gpu
-from dapo_async.engines import make_engine
-from dapo_async.engines.base import SamplingParams
+from dapo_async.generator.build import (
+    connect_buffer,
+    connect_weights,
+    engine_for,
+    make_scorer,
+    refill_sequences,
+    sampling_params,
+)
 from dapo_async.generator.loop import GeneratorLoop
 from dapo_async.generator.stream import StreamLoop
-from dapo_async.generator.weights import EngineWeightReceiver, ReconnectingReceiver
+from dapo_async.generator.weights import ReconnectingReceiver
 from dapo_async.hub import resolve_paths
-from dapo_async.keys import run_keys_dir
-from dapo_async.reward.compose import RewardComposer
-from dapo_async.reward.model_client import RewardModelScorer
-from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
-from dapo_async.weight_sync.base import WeightReceiver
-from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
-
-
-def connect_buffer(ctx: zmq.Context, cfg, endpoint: str, gen_id: str) -> zmq.Socket:
-    """The generator's socket to the buffer, with its id as routing id: a reconnect keeps the
-    connection the buffer binds the id to (``buffer/identity.py``)."""
-    keys = run_keys_dir(cfg.launch, cfg.resolved_run_dir)
-    return transport.connect_client(
-        ctx, zmq.DEALER, endpoint, keys_dir=keys, identity=gen_id.encode(), role="generator"
-    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -98,83 +87,6 @@ def main(args: argparse.Namespace) -> int:
     atomic_write_json(run_dir / "generators" / f"{gen_id}.json", counters)
     log.info("stopped: %s", counters)
     return 0
-
-
-def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceiver:
-    """This generator's end of weight sync: the vLLM workers themselves with
-    ``weight_sync.mode=dist``, else a receiver of the configured mode."""
-    run_dir = cfg.resolved_run_dir
-    if cfg.generator.engine == "vllm" and resolved_mode(cfg) == "dist":
-        endpoint = cfg.weight_sync.endpoint or read_endpoint(run_dir, "wsync", timeout_s=timeout_s)
-        keys = run_keys_dir(cfg.launch, run_dir)
-        return EngineWeightReceiver(
-            engine, endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg), keys
-        )
-    return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
-
-
-def refill_sequences(g) -> int:
-    """Sequences in flight at or below which a stream-mode generator leases more
-    (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA, drain on CPU)."""
-    fraction = g.refill_at
-    if fraction < 0:
-        fraction = 1.0 if on_gpu() else 0.0
-    return int(fraction * g.inflight_target)
-
-
-def sampling_params(cfg):
-    """The generator's sampling parameters from the config."""
-    g = cfg.generator
-    return SamplingParams(
-        n=g.responses_per_prompt,
-        temperature=g.temperature,
-        top_p=g.top_p,
-        top_k=g.top_k,
-        max_tokens=g.max_tokens,
-        logprobs_mode=g.logprobs_mode,
-    )
-
-
-def make_scorer(cfg, run_dir=None, stop=None):
-    """(score function, closer): the verifier runs in the reward pool's isolated workers; with
-    ``reward.model_*`` a reward model scores prompt + response too, one batched request per
-    call (a failed request scores that part 0 and is counted). The caller closes the closer."""
-    composer = RewardComposer(cfg.reward)
-    pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
-    model = None
-    if cfg.reward.uses_model:
-        rc = cfg.reward
-        endpoint = rc.model_endpoint or read_endpoint(run_dir, "reward", stop=stop)
-        model = RewardModelScorer.from_config(rc, endpoint, run_keys_dir(cfg.launch, run_dir))
-
-    def score(items):
-        # items: (response, ground truth, tokens, prompt text, extra_info)
-        verdicts = pool.score_batch([(t, truth, p, x) for t, truth, _, p, x in items])
-        model_scores = (
-            model.score([p + t for t, _, _, p, _ in items]) if model else [None] * len(items)
-        )
-        return [
-            composer.combine(v, item[2], v.get("tag", ""), m)
-            for v, item, m in zip(verdicts, items, model_scores)
-        ]
-
-    score.component_names = composer.component_names
-    score.model = model
-    return score, _Closer(pool, model)
-
-
-class _Closer:
-    def __init__(self, *parts):
-        self.parts = [p for p in parts if p is not None]
-
-    def close(self) -> None:
-        for p in self.parts:
-            p.close()
-
-
-def engine_for(cfg, path: str):
-    """The configured engine (generator.engine) over ``path``."""
-    return make_engine(cfg.generator.engine, path, cfg.generator.dtype, vllm_cfg=cfg, seed=cfg.seed)
 
 
 if __name__ == "__main__":

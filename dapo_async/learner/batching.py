@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from dapo_async.algo.advantages import group_advantages, group_index_from_sizes
+from dapo_async.algo.filters import overlong_filter_mask
 from dapo_async.protocol import FINISH_LENGTH, Group
 
 
@@ -186,6 +187,8 @@ def _padded(
     vers = torch.zeros((b, T), dtype=torch.long, device=host)
     start = torch.zeros(b, dtype=torch.long, device=host)
     rlen = torch.zeros(b, dtype=torch.long, device=host)
+    # DAPO's overlong filter: a truncated response's tokens leave the loss (and its counts)
+    keep_B = overlong_filter_mask(rows.truncated[idx]) if overlong_filter else np.ones(b)
     for k, i in enumerate(idx.tolist()):
         p, r = rows.prompts[i], rows.responses[i]
         n = len(r)
@@ -196,8 +199,7 @@ def _padded(
         start[k], rlen[k] = len(p), n
         behav[k, :n] = torch.from_numpy(rows.behav_logprobs[i].astype(np.float32))
         vers[k, :n] = torch.from_numpy(rows.versions[i].astype(np.int64))
-        keep = 0.0 if (overlong_filter and rows.truncated[i]) else 1.0
-        mask[k, :n] = keep
+        mask[k, :n] = float(keep_B[k])
         adv[k, :n] = float(rows.adv[i])
     arange_B = torch.arange(b, device=host)
     mb = MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx)

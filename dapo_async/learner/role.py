@@ -32,6 +32,7 @@ import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dapo_async import checkpoint_dirs, eval_snapshots, protocol, transport
+from dapo_async.algo.objectives import make_objective
 from dapo_async.data.datasets import load_heldout
 from dapo_async.devices import learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
@@ -46,7 +47,7 @@ from dapo_async.learner.lora import (
     load_adapter_state,
 )
 from dapo_async.learner.parallel import Parallel
-from dapo_async.learner.trainer import Trainer, needs_reference
+from dapo_async.learner.trainer import Trainer
 from dapo_async.roles import read_endpoint
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
@@ -132,7 +133,7 @@ class Learner:
                 load_adapter_state(model, state)
         tokenizer = AutoTokenizer.from_pretrained(src_dir)
         ref_model = None
-        if needs_reference(cfg.algo):
+        if make_objective(cfg.algo, cfg.generator.max_tokens).needs_reference:
             ref_dir = cfg.model.reference_path or src_dir
             if not Path(ref_dir).is_dir():
                 raise SystemExit(f"model.reference_path: no such directory: {ref_dir!r}")

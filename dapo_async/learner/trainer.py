@@ -21,19 +21,20 @@ DDP and FSDP2 average gradients over ranks, so each rank's loss is multiplied by
 with global denominators the result is the gradient of the whole global batch. The online-DPO
 objective (``algo.objective=dpo``) takes the best and the worst response of every group as a
 pair and follows the same mini-batch / micro-batch / padding structure with pairs as the unit.
+What differs between objectives — the loss, its denominators, its unit, which passes it needs —
+is the objective's (``algo/objectives/``); this loop only asks it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import defaultdict
+from functools import partial
 
 import numpy as np
 import torch
 
-from dapo_async.algo.dpo import dpo_loss, dpo_pairs
-from dapo_async.algo.losses import PolicyLossConfig, policy_loss
+from dapo_async.algo.objectives import make_objective
 from dapo_async.algo.schedules import lr_multiplier
 from dapo_async.config import AlgoConfig, LearnerConfig
 from dapo_async.learner.batching import (
@@ -53,30 +54,6 @@ from dapo_async.protocol import Group
 # Staleness levels reported per step (staleness/frac_<k>: the share of trained tokens k versions
 # old); the last level also counts anything older (bounds beyond 15 are not a useful setting).
 STALENESS_BINS = 16
-
-
-def loss_config(a: AlgoConfig, max_tokens: int) -> PolicyLossConfig:
-    """The loss settings of ``algo`` (same-named keys), with what the objective implies:
-    symmetric clipping for grpo, the KL penalty for ppo_kl only, norm_len 0 = max_tokens (the
-    generation limit, ``generator.max_tokens``)."""
-    same = {f.name: getattr(a, f.name) for f in dataclasses.fields(PolicyLossConfig)}
-    return PolicyLossConfig(
-        **same
-        | {
-            "clip_high": a.clip_high if a.objective in ("dapo", "ppo_kl") else a.clip_low,
-            "norm_len": a.norm_len or max_tokens,
-            "kl_coef": a.kl_coef if a.objective == "ppo_kl" else 0.0,
-        }
-    )
-
-
-def needs_reference(a: AlgoConfig) -> bool:
-    """Whether the learner must load a frozen reference model (KL penalty or metric, DPO)."""
-    return (
-        (a.objective == "ppo_kl" and a.kl_coef > 0)
-        or (a.objective == "dpo" and a.dpo_reference == "model")
-        or a.track_kl_ref
-    )
 
 
 class Trainer:
@@ -110,7 +87,7 @@ class Trainer:
             ref_model.eval()
             ref_model.requires_grad_(False)
             self.ref_model = ResponseLogProbs(ref_model, lc.logprob_chunk_tokens)
-        self.loss_cfg = loss_config(algo, max_tokens)
+        self.objective = make_objective(algo, max_tokens)
         # AdamW over the master weights (learner.param_dtype); fused kernels on GPUs
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # LoRA: the adapters
@@ -127,9 +104,9 @@ class Trainer:
         )
         self.version = 0
         self.temperature = temperature
-        # packed micro-batches for the policy objectives (DPO keeps its padded pairs)
-        self._pack = lc.pack_sequences and algo.objective != "dpo"
-        self.need_prox = not self.loss_cfg.bypass and algo.objective != "dpo"
+        # packed micro-batches where the objective allows (DPO keeps its padded pairs)
+        self._pack = lc.pack_sequences and self.objective.packable
+        self.need_prox = self.objective.needs_proximal
         # the first mini-batch's proximal log-probs from its own forward (module docstring)
         self.prox_from_forward = self.need_prox and not has_dropout(self.model)
 
@@ -157,7 +134,7 @@ class Trainer:
         ones (``unit`` rows each) to the global maximum count, so every rank runs as many."""
         out = []
         for idx_list in parts:
-            pack = self._pack and unit == 1
+            pack = self._pack
             mbs = [
                 collate(rows, idx, self.pad_id, self.algo.overlong_filter, self.device, pack)
                 for idx in idx_list
@@ -207,10 +184,9 @@ class Trainer:
         """One learner step on this rank's shard; returns metrics (this rank's view)."""
         t0 = time.perf_counter()
         rows = groups_to_rows(groups, norm_std=self.algo.adv_norm_std, eps=self.algo.adv_eps)
-        if self.algo.objective == "dpo":
-            metrics = self._dpo_updates(rows, t0)
-        else:
-            metrics = self._policy_updates(rows, t0)
+        forward = partial(self._forward_logp, self.train_model)
+        loss = partial(self.objective.loss, forward)
+        metrics = self._updates(self._plan(rows), t0, self.objective.counts, loss)
         self.scheduler.step()
         self.version += 1
         metrics.update(self._batch_stats(rows))
@@ -248,87 +224,16 @@ class Trainer:
         metrics["time/optimizer_s"] = t_opt
         return metrics
 
-    def _policy_updates(self, rows: Rows, t0: float) -> dict[str, float]:
-        k = self.learner.num_minibatches
-        parts = np.array_split(np.arange(len(rows)), k)
-        micro = self._micro_batches(rows, [self._split(rows, p) for p in parts])
-
-        def counts(part):  # tokens and sequences in the loss (filtered responses in neither)
-            return [
-                float(sum(mb.mask_BT.sum().item() for mb in part)),
-                float(sum(int((mb.mask_BT.sum(1) > 0).sum()) for mb in part)),
-            ]
-
-        def micro_loss(mb, g, agg):
-            g_tokens, g_seqs = g
-            coef = self.algo.entropy_coef
-            logp, ent = self._forward_logp(self.train_model, mb, "grad" if coef else "metric")
-            prox = mb.prox_logp_BT
-            if prox is None and self.need_prox:  # the first mini-batch: weights at step start
-                prox = logp.detach()
-            loss, m = policy_loss(
-                logp,
-                prox,
-                mb.behav_logp_BT,
-                mb.adv_BT,
-                mb.mask_BT,
-                self.loss_cfg,
-                global_num_tokens=max(g_tokens, 1.0),
-                global_num_seqs=max(g_seqs, 1.0),
-                ref_logp_BT=mb.ref_logp_BT,
-            )
-            w = mb.mask_BT.sum().item()
-            for key, v in m.items():
-                if key != "num_tokens":
-                    agg[key].append((v, w))
-            agg["loss"].append((loss.item() * g_tokens / max(w, 1.0), w))
-            ent_sum = (ent * mb.mask_BT).sum()
-            agg["entropy"].append((ent_sum.item() / max(w, 1.0), w))
-            if coef:  # entropy bonus, token-mean over the mini-batch's global token count
-                loss = loss - coef * ent_sum / max(g_tokens, 1.0)
-            return loss
-
-        return self._updates(micro, t0, counts, micro_loss)
-
-    def _dpo_updates(self, rows: Rows, t0: float) -> dict[str, float]:
-        """Online DPO: best vs worst response of each group, K mini-batches of pairs."""
-        chosen_P, rejected_P = dpo_pairs(
-            torch.from_numpy(rows.rewards.astype(np.float64)), torch.from_numpy(rows.group)
-        )
-        pairs = np.stack([chosen_P.numpy(), rejected_P.numpy()], 1).reshape(-1, 2)
-        k = self.learner.num_minibatches
+    def _plan(self, rows: Rows) -> list[list[MicroBatch]]:
+        """The step's K mini-batches of the objective's loss units (responses, or pairs kept
+        whole), each as token-bounded micro-batches padded to the global count."""
+        units = self.objective.units(rows.rewards, rows.group)
+        parts = np.array_split(units, self.learner.num_minibatches)
+        if self.objective.unit == 1:
+            return self._micro_batches(rows, [self._split(rows, p.reshape(-1)) for p in parts])
         budget = self.learner.micro_batch_tokens
-        # A micro-batch holds whole pairs: [chosen_0, rejected_0, chosen_1, rejected_1, ...].
-        parts = [split_pairs(rows, p, budget) for p in np.array_split(pairs, k)]
-        micro = self._micro_batches(rows, parts, unit=2)
-        beta = self.algo.dpo_beta
-
-        def counts(part):  # pairs of this mini-batch (empty padding micro-batches have none)
-            return [float(sum(int((mb.mask_BT.sum(1) > 0).sum()) // 2 for mb in part))]
-
-        def micro_loss(mb, g, agg):
-            (g_pairs,) = g
-            logp, _ = self._forward_logp(self.train_model, mb)
-            ref = mb.ref_logp_BT if mb.ref_logp_BT is not None else mb.behav_logp_BT
-            seq_B = (logp * mb.mask_BT).sum(1)
-            ref_B = (ref * mb.mask_BT).sum(1)
-            live = (mb.mask_BT.sum(1) > 0)[0::2]
-            loss, m = dpo_loss(
-                seq_B[0::2][live],
-                seq_B[1::2][live],
-                ref_B[0::2][live],
-                ref_B[1::2][live],
-                beta,
-                global_num_pairs=max(g_pairs, 1.0),
-            )
-            n = float(live.sum())
-            agg["loss"].append((loss.item() * g_pairs / max(n, 1.0), n))
-            agg["dpo_margin_mean"].append((m["dpo_margin_mean"], n))
-            agg["dpo_pref_acc"].append((m["dpo_pref_acc"], n))
-            agg["dpo_num_pairs"].append((g_pairs, n))
-            return loss
-
-        return self._updates(micro, t0, counts, micro_loss)
+        split = [split_pairs(rows, p, budget) for p in parts]
+        return self._micro_batches(rows, split, unit=self.objective.unit)
 
     def _batch_stats(self, rows: Rows) -> dict[str, float]:
         lens = np.array([len(r) for r in rows.responses], dtype=np.float64)

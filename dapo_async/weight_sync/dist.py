@@ -39,19 +39,16 @@ import torch
 
 from dapo_async.config import WeightSyncConfig
 from dapo_async.devices import record_event, side_stream, use_stream, wait_event
-from dapo_async.utils import is_loopback
-from dapo_async.weight_sync.base import WeightPublisher, WeightSyncError
+from dapo_async.weight_sync.base import WeightPublisher
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
 from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
-from dapo_async.weight_sync.store import StoreServer
+from dapo_async.weight_sync.store import STORE_TIMEOUT_S, StoreServer, check_bind
 
 log = logging.getLogger(__name__)
 
 # A receiver that has not refreshed alive/<id> for this long is left out of the next epoch
 # (receivers refresh it every liveness.HEARTBEAT_S from a thread of their own).
 ALIVE_TIMEOUT_S = 5.0
-# Store operations (get/set) are local-network round trips; give them a short timeout.
-STORE_TIMEOUT_S = 30.0
 # After a failed round (a receiver died mid-round), wait this long and re-form with the
 # receivers whose heartbeat came after the failure: two beats (liveness.HEARTBEAT_S).
 REFORM_AFTER_FAILURE_S = 2.5
@@ -65,17 +62,6 @@ def default_backend() -> str:
     """NCCL where this process has a GPU, gloo otherwise (both ends must agree: a mixed
     CPU/GPU deployment sets ``weight_sync.backend`` explicitly, or uses ``mode=disk``)."""
     return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def _check_bind(host: str, ws: WeightSyncConfig, keys_dir) -> None:
-    if not keys_dir and not is_loopback(host) and not ws.allow_unauthenticated_network:
-        raise WeightSyncError(
-            f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
-            f"{host!r} without CurveZMQ keys. Give the run keys (launch.auth, or "
-            "launch.curve_keys_dir), or on a private network set "
-            "weight_sync.allow_unauthenticated_network=true, or use weight_sync.mode=disk on a "
-            "shared filesystem."
-        )
 
 
 class DistWeightPublisher(WeightPublisher):
@@ -94,7 +80,7 @@ class DistWeightPublisher(WeightPublisher):
         from dapo_async.roles import write_endpoint
 
         self.host = host
-        _check_bind(host, ws, keys_dir)
+        check_bind(host, ws, keys_dir)
         # the rendezvous: our own store (authenticated with the run's keys), on host only
         self.server = StoreServer(
             host,
@@ -288,9 +274,3 @@ class DistWeightPublisher(WeightPublisher):
         with self._cv:
             self.sent_version = version
             self._cv.notify_all()
-
-
-# The receiving side lives in dist_receiver.py; imported here so both sides are found by name.
-from dapo_async.weight_sync.dist_receiver import DistWeightReceiver  # noqa: E402
-
-__all__ = ["DistWeightPublisher", "DistWeightReceiver"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -23,9 +22,8 @@ from dapo_async.config import WeightSyncConfig
 from dapo_async.weight_sync.base import WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
 from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
-from dapo_async.weight_sync.dist import STORE_TIMEOUT_S
 from dapo_async.weight_sync.liveness import Heartbeat
-from dapo_async.weight_sync.store import RemoteStore
+from dapo_async.weight_sync.store import STORE_TIMEOUT_S, connect_store
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +41,16 @@ class DistWeightReceiver(WeightReceiver):
         connect_timeout_s: float = STORE_TIMEOUT_S,
         keys_dir: Path | None = None,
     ):
-        from dapo_async.roles import read_endpoint
-
-        ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
         self.id = receiver_id
         self.timeout_s = ws.timeout_s
         self.backend = backend
         self.device = group_device(backend)
-        # the first request waits for the learner (it may still be starting)
-        self.store = RemoteStore(ep, keys_dir, timeout_s=connect_timeout_s)
-        try:
-            self.store.set(f"alive/{self.id}", str(time.time()))
-            self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
-            n = self.store.add("joins", 1)
-            self.store.set(f"join/{n}", self.id)
-        except Exception:  # not up yet: the caller retries; leave no socket reconnecting
-            self.store.close()
-            raise
+
+        def register(store) -> None:
+            store.set(f"alive/{self.id}", str(time.time()))
+            store.set(f"join/{store.add('joins', 1)}", self.id)
+
+        ep, self.store = connect_store(ws, run_dir, endpoint, keys_dir, connect_timeout_s, register)
         self.heartbeat = Heartbeat(ep, keys_dir, self.id, STORE_TIMEOUT_S)
         self.epoch = -1
         self.rank = -1

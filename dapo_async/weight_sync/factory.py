@@ -75,7 +75,7 @@ def make_receiver(
             connect_timeout_s=connect_timeout_s,
             keys_dir=run_keys_dir(cfg.launch, run_dir),
         )
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     return DistWeightReceiver(
         cfg.weight_sync,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -37,9 +36,8 @@ import torch
 from dapo_async.config import WeightSyncConfig
 from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
-from dapo_async.weight_sync.dist import STORE_TIMEOUT_S, _check_bind
 from dapo_async.weight_sync.slots import slot_files
-from dapo_async.weight_sync.store import RemoteStore, StoreServer
+from dapo_async.weight_sync.store import STORE_TIMEOUT_S, StoreServer, check_bind, connect_store
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class ShmWeightPublisher(WeightPublisher):
     ):
         from dapo_async.roles import write_endpoint
 
-        _check_bind(host, ws, keys_dir)
+        check_bind(host, ws, keys_dir)
         self.server = StoreServer(
             host,
             ws.port,
@@ -168,16 +166,8 @@ class ShmWeightReceiver(WeightReceiver):
         connect_timeout_s: float = STORE_TIMEOUT_S,
         keys_dir: Path | None = None,
     ):
-        from dapo_async.roles import read_endpoint
-
-        ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
         self.id = receiver_id
-        self.store = RemoteStore(ep, keys_dir, timeout_s=connect_timeout_s)
-        try:
-            self.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
-        except Exception:
-            self.store.close()
-            raise
+        _, self.store = connect_store(ws, run_dir, endpoint, keys_dir, connect_timeout_s)
         self.layout_text = ""
         self.slots: list[list[torch.Tensor]] = []
         self.buckets: FlatBuckets | None = None

@@ -320,3 +320,42 @@ class StoreServer:
         self._thread.join(timeout=5)
         self.server.close()
         self._ctx.term()
+
+
+# Store operations (get/set) are local-network round trips; give them a short timeout.
+STORE_TIMEOUT_S = 30.0
+
+
+def check_bind(host: str, ws, keys_dir) -> None:
+    """Refuse to serve the store beyond loopback without keys, unless the config allows it."""
+    from dapo_async.utils import is_loopback
+    from dapo_async.weight_sync.base import WeightSyncError
+
+    if not keys_dir and not is_loopback(host) and not ws.allow_unauthenticated_network:
+        raise WeightSyncError(
+            f"weight_sync.allow_unauthenticated_network: the weight-sync store would listen on "
+            f"{host!r} without CurveZMQ keys. Give the run keys (launch.auth, or "
+            "launch.curve_keys_dir), or on a private network set "
+            "weight_sync.allow_unauthenticated_network=true, or use weight_sync.mode=disk on a "
+            "shared filesystem."
+        )
+
+
+def connect_store(ws, run_dir, endpoint, keys_dir, connect_timeout_s: float, register=None):
+    """(endpoint, store) of the learner's weight-sync store, for a receiver: ``endpoint``, else
+    ``weight_sync.endpoint``, else the run's endpoint file. ``register(store)`` makes the first
+    requests, waiting up to ``connect_timeout_s`` (the learner may still be starting); later
+    requests wait STORE_TIMEOUT_S. On failure the store is closed (no socket left reconnecting)
+    and the error raised: the caller retries."""
+    from dapo_async.roles import read_endpoint
+
+    ep = endpoint or ws.endpoint or read_endpoint(run_dir, "wsync", timeout_s=connect_timeout_s)
+    store = RemoteStore(ep, keys_dir, timeout_s=connect_timeout_s)
+    try:
+        if register is not None:
+            register(store)
+        store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
+    except Exception:
+        store.close()
+        raise
+    return ep, store

@@ -34,7 +34,7 @@ def test_mixture_is_deterministic_and_resumes_exactly():
 
 
 def test_buffer_leases_from_the_mixture():
-    cfg = load_config(None, [])
+    cfg = load_config(None, ["buffer.max_leases_per_generator=64"])  # one generator draws 32
     state = BufferState(cfg.buffer, 40, seed=0, mixture=([30, 10], [0.25, 0.75]))
     leases = state.grant("g", 16, weights_version=0) + state.grant("g", 16, weights_version=0)
     from_small = sum(ls.prompt_index >= 30 for ls in leases)

@@ -14,7 +14,7 @@ def _two_gpus():
 
 
 def _nccl_receiver(endpoint, out):
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     torch.cuda.set_device(1)
     r = DistWeightReceiver(
@@ -87,7 +87,8 @@ def test_shared_gpu_falls_back_to_gloo_through_pinned_host_buffers():
     import threading
     import time
 
-    from dapo_async.weight_sync.dist import DistWeightPublisher, DistWeightReceiver
+    from dapo_async.weight_sync.dist import DistWeightPublisher
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     ws = load_config(None, ["weight_sync.timeout_s=60", "weight_sync.bucket_mb=1"]).weight_sync
     pub = DistWeightPublisher(ws, None, host="127.0.0.1", backend="gloo")

@@ -93,7 +93,8 @@ def test_a_plain_store_refuses_a_public_address():
 def test_weight_sync_round_with_the_runs_keys(tmp_path):
     """Publisher and receiver with the run's keys: the group forms over the authenticated store
     and the weights arrive intact."""
-    from dapo_async.weight_sync.dist import DistWeightPublisher, DistWeightReceiver
+    from dapo_async.weight_sync.dist import DistWeightPublisher
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     keys = tmp_path / "keys"
     generate_keys(keys)

@@ -39,7 +39,7 @@ def _digests(state):
 
 def _plain_receiver(endpoint, out):
     torch.set_num_threads(1)
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     r = DistWeightReceiver(
         load_config(None, ["weight_sync.timeout_s=60"]).weight_sync,

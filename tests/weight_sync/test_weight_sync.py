@@ -27,7 +27,7 @@ def _state(v):
 
 def _receiver(endpoint, rid, num_versions, out, timeout_s):
     torch.set_num_threads(1)
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     cfg = load_config(None, [f"weight_sync.timeout_s={timeout_s}"])
     r = DistWeightReceiver(cfg.weight_sync, None, rid, endpoint=endpoint)
@@ -138,7 +138,7 @@ def test_disk_fallback_and_checksum(tmp_path):
 def _checked_receiver(endpoint, out):
     """Receive v1, then report what happens to a corrupted v2 (and whether v1 is still held)."""
     torch.set_num_threads(1)
-    from dapo_async.weight_sync.dist import DistWeightReceiver
+    from dapo_async.weight_sync.dist_receiver import DistWeightReceiver
 
     r = DistWeightReceiver(
         load_config(None, ["weight_sync.timeout_s=10"]).weight_sync, None, "c", endpoint=endpoint
