@@ -132,3 +132,16 @@ def test_the_learners_evaluation_computes_in_the_generators_dtype(tiny_model):
         evaluate_records(model, tok, cfg, load_heldout(cfg.data, cfg.seed))
         assert dtypes and set(dtypes) == {want}
     assert next(model.parameters()).dtype == torch.float32  # the master weights untouched
+
+
+def test_the_evaluators_vllm_must_fit_beside_generator_0():
+    """The evaluator's vLLM shares generator 0's GPU: the two memory fractions must fit."""
+    from dapo_async.config import ConfigError
+
+    vllm_eval = ["generator.engine=vllm", "learner.eval_every=5"]
+    with pytest.raises(ConfigError, match=r"eval\.gpu_memory_utilization.*eval\.engine=hf"):
+        load_config(None, [*vllm_eval, "generator.gpu_memory_utilization=0.9"])
+    load_config(None, [*vllm_eval, "generator.gpu_memory_utilization=0.7"])
+    load_config(None, [*vllm_eval, "generator.gpu_memory_utilization=0.9", "eval.engine=hf"])
+    for name in ("qwen2.5_math_7b_dapo", "qwen2.5_32b_dapo"):  # as shipped
+        load_config(f"configs/{name}.yaml", [])

@@ -22,6 +22,10 @@ from dapo_async.config.fields import (
 from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import EvalConfig, GeneratorConfig, RewardConfig
 
+# The evaluator's vLLM and generator 0's share one GPU: their memory fractions must leave CUDA's
+# own context and activations room.
+MAX_SHARED_GPU_FRACTION = 0.95
+
 __all__ = [
     "EvalConfig",
     "GeneratorConfig",
@@ -381,6 +385,16 @@ class RunConfig:
             f"is {g.max_model_len} but data.max_prompt_len + generator.max_tokens = "
             f"{self.data.max_prompt_len} + {g.max_tokens} = {total} must fit in it",
         )
+        if self.learner.eval_every and self.learner.eval_process:
+            share = g.gpu_memory_utilization + self.eval.gpu_memory_utilization
+            _need(
+                self.eval.resolved_engine(g) != "vllm" or share <= MAX_SHARED_GPU_FRACTION,
+                "eval.gpu_memory_utilization",
+                f"is {self.eval.gpu_memory_utilization} but the evaluator's vLLM shares generator "
+                f"0's GPU: with generator.gpu_memory_utilization {g.gpu_memory_utilization} that "
+                f"is {share:.2f} of it (at most {MAX_SHARED_GPU_FRACTION}); lower either, or set "
+                "eval.engine=hf",
+            )
         ev = self.eval.resolved_max_tokens(g)
         _need(
             self.data.max_prompt_len + ev <= g.max_model_len,
