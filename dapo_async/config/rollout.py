@@ -120,6 +120,34 @@ class EvalConfig:
         return self.max_tokens or generator.max_tokens
 
 
+# The evaluator's vLLM and generator 0's share one GPU: their memory fractions must leave CUDA's
+# own context and activations room.
+MAX_SHARED_GPU_FRACTION = 0.95
+
+
+def check_eval_fits(run) -> None:
+    """The ``eval`` section against the others: its vLLM beside generator 0's on one GPU, its
+    responses within generator.max_model_len."""
+    g = run.generator
+    if run.learner.eval_every and run.learner.eval_process:
+        share = g.gpu_memory_utilization + run.eval.gpu_memory_utilization
+        _need(
+            run.eval.resolved_engine(g) != "vllm" or share <= MAX_SHARED_GPU_FRACTION,
+            "eval.gpu_memory_utilization",
+            f"is {run.eval.gpu_memory_utilization} but the evaluator's vLLM shares generator "
+            f"0's GPU: with generator.gpu_memory_utilization {g.gpu_memory_utilization} that "
+            f"is {share:.2f} of it (at most {MAX_SHARED_GPU_FRACTION}); lower either, or set "
+            "eval.engine=hf",
+        )
+    ev = run.eval.resolved_max_tokens(g)
+    _need(
+        run.data.max_prompt_len + ev <= g.max_model_len,
+        "eval.max_tokens",
+        f"is {ev}: data.max_prompt_len + eval.max_tokens = {run.data.max_prompt_len + ev} "
+        f"must fit in generator.max_model_len ({g.max_model_len})",
+    )
+
+
 @dataclass
 class RewardConfig:
     fn: str = F(

@@ -20,11 +20,7 @@ from dapo_async.config.fields import (
     check_fields,
 )
 from dapo_async.config.learner import LearnerConfig
-from dapo_async.config.rollout import EvalConfig, GeneratorConfig, RewardConfig
-
-# The evaluator's vLLM and generator 0's share one GPU: their memory fractions must leave CUDA's
-# own context and activations room.
-MAX_SHARED_GPU_FRACTION = 0.95
+from dapo_async.config.rollout import EvalConfig, GeneratorConfig, RewardConfig, check_eval_fits
 
 __all__ = [
     "EvalConfig",
@@ -385,23 +381,7 @@ class RunConfig:
             f"is {g.max_model_len} but data.max_prompt_len + generator.max_tokens = "
             f"{self.data.max_prompt_len} + {g.max_tokens} = {total} must fit in it",
         )
-        if self.learner.eval_every and self.learner.eval_process:
-            share = g.gpu_memory_utilization + self.eval.gpu_memory_utilization
-            _need(
-                self.eval.resolved_engine(g) != "vllm" or share <= MAX_SHARED_GPU_FRACTION,
-                "eval.gpu_memory_utilization",
-                f"is {self.eval.gpu_memory_utilization} but the evaluator's vLLM shares generator "
-                f"0's GPU: with generator.gpu_memory_utilization {g.gpu_memory_utilization} that "
-                f"is {share:.2f} of it (at most {MAX_SHARED_GPU_FRACTION}); lower either, or set "
-                "eval.engine=hf",
-            )
-        ev = self.eval.resolved_max_tokens(g)
-        _need(
-            self.data.max_prompt_len + ev <= g.max_model_len,
-            "eval.max_tokens",
-            f"is {ev}: data.max_prompt_len + eval.max_tokens = {self.data.max_prompt_len + ev} "
-            f"must fit in generator.max_model_len ({g.max_model_len})",
-        )
+        check_eval_fits(self)
 
     @property
     def resolved_run_dir(self) -> Path:
