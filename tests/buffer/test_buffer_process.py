@@ -76,6 +76,20 @@ def stop_buffer(proc):
     proc.wait(timeout=30)
 
 
+def four_responses(seq, lease_id, prompt, tokens):
+    """A scored group of generator "g" on ``lease_id``: 4 responses
+    (generator.responses_per_prompt here) sharing ``tokens`` equally, rewards ±1."""
+    import numpy as np
+
+    n = len(tokens)
+    return P.Group(
+        "g", seq, lease_id, np.array(prompt, np.int32), np.full(4, n // 4, np.int32),
+        np.asarray(tokens, np.int32), np.full(n, -0.5, np.float32), np.zeros(n, np.int32),
+        np.array([1.0, -1.0, 1.0, -1.0], np.float32), np.array([1.0, 0.0, 1.0, 0.0], np.float32),
+        np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
+    )  # fmt: skip
+
+
 def run_fakes(endpoint, tmp_path, num_gens, world, num_steps, start_step=0, during=None):
     """Fake generators and learner ranks with the run's keys (``<tmp_path>/run/keys``)."""
     keys = tmp_path / "run" / "keys"
@@ -243,13 +257,7 @@ def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
         def make(seq, lease, first_token):
             tokens = np.arange(8, dtype=np.int32) + 10
             tokens[0] = first_token
-            return P.Group(  # 4 responses of 2 tokens: generator.responses_per_prompt
-                "g", seq, lease, np.array(prompt, np.int32), np.full(4, 2, np.int32), tokens,
-                np.full(8, -0.5, np.float32), np.zeros(8, np.int32),
-                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
-                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
-                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
-            )  # fmt: skip
+            return four_responses(seq, lease, prompt, tokens)
 
         names = ["correct", "overlong"]
         ack = T.request(
@@ -343,14 +351,7 @@ def test_a_frame_beyond_the_configs_bound_never_reaches_the_buffer(
         (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
 
         def make(seq, per_response):
-            n = 4 * per_response  # 4 responses: generator.responses_per_prompt
-            return P.Group(
-                "g", seq, lease_id, np.array(prompt, np.int32), np.full(4, per_response, np.int32),
-                np.full(n, 10, np.int32), np.full(n, -0.5, np.float32), np.zeros(n, np.int32),
-                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
-                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
-                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
-            )  # fmt: skip
+            return four_responses(seq, lease_id, prompt, np.full(4 * per_response, 10))
 
         names = ["correct", "overlong"]
         huge = P.ScoredGroups(P.GroupBatch.from_groups([make(0, 5_000_000)], names))
@@ -395,14 +396,8 @@ def test_a_second_connection_cannot_act_for_a_live_generator(
         grant = T.request(real, P.LeaseRequest("g", 1), timeout_s=10)
         (lease_id,), (prompt,) = grant.prompt_ids, grant.prompts
 
-        def make(seq, token):
-            return P.Group(  # 4 responses of 2 tokens
-                "g", seq, lease_id, np.array(prompt, np.int32), np.full(4, 2, np.int32),
-                np.full(8, token, np.int32), np.full(8, -0.5, np.float32), np.zeros(8, np.int32),
-                np.array([1.0, -1.0, 1.0, -1.0], np.float32),
-                np.array([1.0, 0.0, 1.0, 0.0], np.float32),
-                np.zeros((4, 2), np.float32), np.zeros(4, np.uint8),
-            )  # fmt: skip
+        def make(seq, token):  # 4 responses of 2 tokens
+            return four_responses(seq, lease_id, prompt, np.full(8, token))
 
         names = ["correct", "overlong"]
         forged = P.ScoredGroups(P.GroupBatch.from_groups([make(0, 11)], names))
