@@ -222,12 +222,7 @@ class Supervisor:
             if self.learner.restart_at is None and self.learner.poll() == 0:
                 break
             now = time.monotonic()
-            for role in self.roles:
-                if role.restart_at is not None:
-                    if now >= role.restart_at:
-                        self._start_again(role)
-                elif role.poll() is not None:
-                    self._schedule_restart(role, now)
+            self._tend(self.roles, now, finished=())
             self._status()
             time.sleep(WATCH_PERIOD_S)
         if sys.stderr.isatty():
@@ -248,13 +243,19 @@ class Supervisor:
             if now > deadline:
                 print(f"[train] still evaluating after {timeout_s:.0f}s: stopping", file=sys.stderr)
                 return
-            for role in self.extras:
-                if role.restart_at is not None:
-                    if now >= role.restart_at:
-                        self._start_again(role)
-                elif role.poll() not in (None, 0):
-                    self._schedule_restart(role, now)
+            self._tend(self.extras, now, finished=(0,))
             time.sleep(WATCH_PERIOD_S)
+
+    def _tend(self, roles: list[Role], now: float, finished: tuple[int, ...]) -> None:
+        """Start again the roles whose backoff is over; schedule a restart for those that
+        exited with a code not in ``finished`` (during the run every exit is a death; while
+        draining, the evaluator's 0 is its end)."""
+        for role in roles:
+            if role.restart_at is not None:
+                if now >= role.restart_at:
+                    self._start_again(role)
+            elif (code := role.poll()) is not None and code not in finished:
+                self._schedule_restart(role, now)
 
     def _schedule_restart(self, role: Role, now: float) -> None:
         code = role.poll()
