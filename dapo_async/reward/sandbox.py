@@ -127,8 +127,27 @@ def _isolate(limits: Limits, workdir: bytes, mounts: list[bytes]) -> None:
             os._exit(NO_NAMESPACE_EXIT)
 
 
+def _uids_in_use() -> set[int]:
+    """Real user ids of every process on the machine, zombies included (a killed process counts
+    against its user's RLIMIT_NPROC until its reaper collects it)."""
+    uids = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                line = next(line for line in f if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        uids.add(int(line.split()[1]))
+    return uids
+
+
 class _UidSlots:
-    """The sandbox user ids of this process, one per concurrent run."""
+    """The sandbox user ids of this process, one per concurrent run. Slots rotate, and a slot
+    whose user still has processes is passed over: the processes a run's cleanup killed are
+    reparented to init, which may reap them only a second later (seen: ~1.5 s in a container), and
+    until then they would count against the next run's RLIMIT_NPROC and fail its first fork."""
 
     def __init__(self):
         import threading
@@ -136,12 +155,20 @@ class _UidSlots:
         self.lock = threading.Lock()
         self.free = list(range(SLOTS_PER_PROCESS))
 
-    def take(self) -> int:
-        with self.lock:
-            if not self.free:
-                raise RuntimeError(f"more than {SLOTS_PER_PROCESS} sandboxes at once")
-            slot = self.free.pop()
+    def _uid(self, slot: int) -> int:
         return SANDBOX_UID_BASE + (os.getpid() % (1 << 22)) * SLOTS_PER_PROCESS + slot
+
+    def take(self) -> int:
+        busy = _uids_in_use()
+        with self.lock:
+            slot = next((s for s in self.free if self._uid(s) not in busy), None)
+            if slot is None:
+                raise RuntimeError(
+                    f"no sandbox user free: {SLOTS_PER_PROCESS - len(self.free)} runs at once and "
+                    f"{len(self.free)} users whose killed processes are not yet reaped"
+                )
+            self.free.remove(slot)
+        return self._uid(slot)
 
     def give(self, uid: int) -> None:
         with self.lock:

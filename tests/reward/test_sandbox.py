@@ -40,8 +40,21 @@ def test_fork_bomb_is_contained():
     res = run_python(code, limits=FAST)
     assert res.tag in ("cpu_limit", "timeout", "error")
     assert time.monotonic() - t0 < FAST.wall_s + 3
-    # the group was killed: a normal run afterwards works
+    # the group was killed: a normal run afterwards works, and may fork up to its own limit at
+    # once (the bomb's killed processes, not yet reaped by init, do not count against it)
     assert run_python("print('alive')", limits=FAST).stdout.strip() == "alive"
+    forks = (
+        "import os, time\n"
+        "pids = []\n"
+        f"for _ in range({FAST.num_procs - 2}):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(0.2); os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "print(sum(os.waitpid(p, 0)[1] == 0 for p in pids))\n"
+    )
+    res = run_python(forks, limits=FAST)
+    assert res.stdout.strip() == str(FAST.num_procs - 2), res
 
 
 def test_huge_output_is_cut():
