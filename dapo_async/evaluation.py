@@ -70,16 +70,6 @@ def eval_engine(cfg, model_dir: str, engine: str | None = None, share_gpu: bool 
     return make_engine(kind, model_dir, cfg.generator.dtype, cfg, seed=cfg.seed)
 
 
-def load_snapshot(engine, path, version: int) -> None:
-    """Put the weights of a safetensors snapshot (``eval_snapshots``) into ``engine``."""
-    if hasattr(engine, "load_file"):  # vLLM: its workers read the file themselves
-        engine.load_file(str(path), version)
-        return
-    from safetensors.torch import load_file
-
-    engine.update_weights(load_file(str(path)), version)
-
-
 def evaluate_engine(
     engine, tokenizer, cfg, records: list[PromptRecord], k: int | None = None, progress=None
 ) -> dict[str, float]:

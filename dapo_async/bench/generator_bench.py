@@ -93,19 +93,20 @@ def bench_prompts(cfg) -> tuple[list[list[int]], list[str]]:
 
 
 def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
-    from dapo_async.generator.build import engine_for, make_scorer, sampling_params
+    from dapo_async.generator.build import engine_for, sampling_params
     from dapo_async.generator.loop import GeneratorLoop
+    from dapo_async.generator.scoring import make_scorer
 
     engine = engine_for(cfg, cfg.model.source_dir)
     prompts, truths = bench_prompts(cfg)
     params = sampling_params(cfg)
     bsz = cfg.generator.prompts_per_batch
-    score, pool = make_scorer(cfg)
+    scorer = make_scorer(cfg)
     ctx = zmq.Context()
     buf = InstantBuffer(ctx, prompts, truths)
     buf.start()
     sock = transport.connect_client(ctx, zmq.DEALER, buf.server.endpoint)
-    loop = GeneratorLoop("bench", engine, score, sock, params, bsz, engine_name=engine_name)
+    loop = GeneratorLoop("bench", engine, scorer, sock, params, bsz, engine_name=engine_name)
     engine.generate(prompts[:bsz], params)  # warm-up (first-call costs)
     while not loop.step(_Deadline(LOOP_WARMUP_S)):  # hello acked, first batch through
         pass
@@ -133,7 +134,7 @@ def run(cfg, engine_name: str, seconds: float, rounds: int) -> dict:
         buf.join(5)
         sock.close(linger=0)
         ctx.term()
-        pool.close()
+        scorer.close()
         engine.close()
     e = eng_tokens / max(eng_time, 1e-9)
     lp = loop_tokens / max(loop_time, 1e-9)

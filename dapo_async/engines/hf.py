@@ -14,6 +14,8 @@ from dapo_async.engines.base import Completion, SamplingParams
 
 
 class HFEngine:
+    """``engines.base.Engine`` on a transformers model in this process."""
+
     def __init__(
         self,
         model_dir: str,
@@ -105,6 +107,16 @@ class HFEngine:
                 f"weight update mismatch: missing {real_missing[:3]}, unexpected {unexpected[:3]}"
             )
         self.version = version
+
+    def load_file(self, path: str, version: int) -> None:
+        from safetensors.torch import load_file
+
+        self.update_weights(load_file(str(path)), version)
+
+    def worker_receiver(self, endpoint, receiver_id, timeout_s, backend, keys_dir=None) -> None:
+        """None: this engine computes in the generator's process, which receives the weights
+        and hands them to ``update_weights``."""
+        return None
 
     def stream(self, chunk_tokens: int, reset_kv: bool = False, seed: int = 0):
         """A continuous-batching decoder over this engine's model (``engines/hf_stream.py``);

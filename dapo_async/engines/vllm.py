@@ -2,12 +2,8 @@
 
 Sampled-token log-probs come from ``SamplingParams(logprobs=0)`` (one entry per generated token);
 ``generator.logprobs_mode`` picks vLLM's ``processed_logprobs`` (after temperature / top-k / top-p,
-what was sampled from) or ``raw_logprobs``. New weights are written to a safetensors file in a
-private temporary folder (tmpfs when the machine has one) and loaded inside the worker by
-``vllm_worker.WorkerExtension.dapo_reload_file``; with ``weight_sync.mode=dist`` the generator
-instead makes the workers members of the weight-sync group (``connect_weight_sync``), so the
-buckets are received straight into the engine's worker process. The prefix cache is reset after
-every update so no KV entry computed by old weights is reused.
+what was sampled from) or ``raw_logprobs``. New weights are loaded inside vLLM's workers, from
+a file or received by the workers themselves: ``engines/vllm_weights.py`` holds that path.
 
 Engine options come from the config: dtype, max_model_len, gpu_memory_utilization,
 tensor_parallel_size, and on CPUs the KV-cache space (``VLLM_CPU_KVCACHE_SPACE``, GiB).
@@ -16,7 +12,6 @@ vLLM spawns an engine-core process: scripts that build this engine need a ``__ma
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -25,6 +20,7 @@ import time
 
 from dapo_async.engines.base import Completion, SamplingParams
 from dapo_async.engines.vllm_convert import completion, vllm_params
+from dapo_async.engines.vllm_weights import VLLMWeightPath
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +41,9 @@ def vllm_environment(gpu: bool, cpu_kvcache_gib: int) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kvcache_gib))
 
 
-class VLLMEngine:
+class VLLMEngine(VLLMWeightPath):
+    """``engines.base.Engine`` on vLLM's ``LLM``; its weight path: ``engines/vllm_weights.py``."""
+
     def __init__(self, model_dir: str, cfg, seed: int = 0):
         from dapo_async.devices import dtype_name, engine_device, on_gpu, resolve_dtype
 
@@ -77,6 +75,7 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_id = self.tokenizer.eos_token_id
         self.version = 0
+        self.device = engine_device()
         # stream mode with generator.reset_kv_on_update: running requests are preempted at an
         # update and their KV recomputed by the new weights (else they keep the old KV)
         self.reset_running = False
@@ -105,99 +104,6 @@ class VLLMEngine:
         self.streaming = True
         self.llm.llm_engine.set_weight_version(str(self.version))
         return VLLMStream(self, chunk_tokens)
-
-    def _reset_cache(self) -> None:
-        """After an update: no cached prefix of the old weights is reused by a new request
-        (and, with ``reset_running``, running requests recompute theirs)."""
-        self.llm.reset_prefix_cache(reset_running_requests=self.reset_running)
-
-    def update_weights(self, state_dict: dict, version: int) -> None:
-        """Hand full weights (HF names) to the worker through a file, then drop cached prefixes."""
-        from safetensors.torch import save_file
-
-        from dapo_async.weight_sync.disk import savable
-
-        path = os.path.join(self._tmp, "weights.safetensors")
-        save_file(savable(state_dict), path)
-        self.load_file(path, version)
-
-    def load_file(self, path: str, version: int) -> None:
-        """Load a safetensors snapshot that already exists (the disk weight-sync mode)."""
-        with self._paused():
-            counts = self.llm.collective_rpc("dapo_reload_file", args=(str(path),))
-            if not counts or min(counts) == 0:
-                raise RuntimeError(f"vLLM workers loaded no tensors from {path}")
-            self._reset_cache()
-            self._set_version(version)
-
-    @contextlib.contextmanager
-    def _paused(self):
-        """In stream mode, hold vLLM's scheduler (requests and their KV kept) while weights
-        change, so no step runs half-way and every step's tokens get the right version."""
-        if not self.streaming:
-            yield
-            return
-        core = self.llm.llm_engine.engine_core
-        core.call_utility("pause_scheduler", "keep", False)
-        try:
-            yield
-        finally:
-            core.call_utility("resume_scheduler")
-
-    def _set_version(self, version: int) -> None:
-        """Our version, and vLLM's label on every token computed from now on."""
-        self.version = version
-        self.llm.llm_engine.set_weight_version(str(version))
-
-    # ---------------------------------------------------------------- weight sync in the worker
-
-    def connect_weight_sync(
-        self,
-        endpoint: str,
-        receiver_id: str,
-        timeout_s: float,
-        backend: str,
-        digests=False,
-        keys_dir=None,
-    ) -> list[str]:
-        """Make every vLLM worker a member of the weight-sync group (receives straight into the
-        engine's process, authenticated with ``keys_dir``); returns the receiver ids."""
-        keys = str(keys_dir) if keys_dir else ""
-        return self.llm.collective_rpc(
-            "dapo_wsync_connect", args=(endpoint, receiver_id, timeout_s, backend, digests, keys)
-        )
-
-    def poll_weight_sync(self) -> dict | None:
-        """Take part in an open round, if any; on success the engine runs the new version.
-        Raises ``WeightSyncError`` when a worker rejected the update (previous weights kept).
-        The round is read once, from the first worker, and every tensor-parallel worker is
-        given that same round (each reading it on its own could pick different rounds)."""
-        from dapo_async.weight_sync.base import WeightSyncError
-
-        at = self.llm.collective_rpc("dapo_wsync_latest")[0]
-        if tuple(at) <= self._wsync_last:
-            return None  # (checked first so the scheduler is held only for a real round)
-        with self._paused():
-            results = self.llm.collective_rpc("dapo_wsync_poll", args=(at,))
-            self._wsync_last = tuple(at)
-            results = [r for r in results if r is not None]
-            if not results:
-                return None
-            errors = [r["error"] for r in results if "error" in r]
-            if errors:
-                raise WeightSyncError(errors[0])
-            self._reset_cache()
-            self._set_version(int(results[0]["version"]))
-        return results[0]
-
-    def close_weight_sync(self) -> None:
-        try:
-            self.llm.collective_rpc("dapo_wsync_close")
-        except Exception:
-            pass
-
-    def param_checksum(self) -> float:
-        return self.llm.collective_rpc("dapo_param_checksum")[0]
 
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)

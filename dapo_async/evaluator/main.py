@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     from dapo_async import eval_snapshots
     from dapo_async.data.datasets import load_heldout
-    from dapo_async.evaluation import eval_engine, evaluate_engine, load_snapshot
+    from dapo_async.evaluation import eval_engine, evaluate_engine
     from dapo_async.tracking import Tracker
     from dapo_async.utils import atomic_write_json
 
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
                 eval_snapshots.done(path)
                 continue
             if tag != eval_snapshots.BEFORE:  # before: the engine holds the initial policy
-                load_snapshot(engine, path, version)
+                engine.load_file(str(path), version)  # vLLM: its workers read it
             ev = evaluate_engine(engine, tok, cfg, records)
             ev["eval/seconds"] = time.monotonic() - t0
             tracker.track(ev, version)

@@ -1,5 +1,5 @@
-"""A generator's parts, built from the run config: its engine, sampling parameters, reward
-scorer, weight receiver and buffer socket. ``generator/main.py`` assembles them into a loop;
+"""A generator's parts, built from the run config: its engine, sampling parameters, weight
+receiver and buffer socket (its scorer: ``scoring.make_scorer``). ``generator/main.py`` assembles them into a loop;
 benches build the same parts (``bench generator``)."""
 
 from __future__ import annotations
@@ -10,11 +10,7 @@ from dapo_async import transport
 from dapo_async.devices import on_gpu
 from dapo_async.engines import make_engine
 from dapo_async.engines.base import SamplingParams
-from dapo_async.generator.weights import EngineWeightReceiver
 from dapo_async.keys import run_keys_dir
-from dapo_async.reward.compose import RewardComposer
-from dapo_async.reward.model_client import RewardModelScorer
-from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import read_endpoint
 from dapo_async.weight_sync.base import WeightReceiver
 from dapo_async.weight_sync.factory import backend, make_receiver, resolved_mode
@@ -30,15 +26,18 @@ def connect_buffer(ctx: zmq.Context, cfg, endpoint: str, gen_id: str) -> zmq.Soc
 
 
 def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceiver:
-    """This generator's end of weight sync: the vLLM workers themselves with
-    ``weight_sync.mode=dist``, else a receiver of the configured mode."""
+    """This generator's end of weight sync: with ``weight_sync.mode=dist``, the engine's own
+    workers where it has them (vLLM: ``Engine.worker_receiver``), else a receiver of the
+    configured mode in this process."""
     run_dir = cfg.resolved_run_dir
-    if cfg.generator.engine == "vllm" and resolved_mode(cfg) == "dist":
+    if resolved_mode(cfg) == "dist":
         endpoint = cfg.weight_sync.endpoint or read_endpoint(run_dir, "wsync", timeout_s=timeout_s)
         keys = run_keys_dir(cfg.launch, run_dir)
-        return EngineWeightReceiver(
-            engine, endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg), keys
+        in_workers = engine.worker_receiver(
+            endpoint, gen_id, cfg.weight_sync.timeout_s, backend(cfg), keys
         )
+        if in_workers is not None:
+            return in_workers
     return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
 
 
@@ -62,43 +61,6 @@ def sampling_params(cfg):
         max_tokens=g.max_tokens,
         logprobs_mode=g.logprobs_mode,
     )
-
-
-def make_scorer(cfg, run_dir=None, stop=None):
-    """(score function, closer): the verifier runs in the reward pool's isolated workers; with
-    ``reward.model_*`` a reward model scores prompt + response too, one batched request per
-    call (a failed request scores that part 0 and is counted). The caller closes the closer."""
-    composer = RewardComposer(cfg.reward)
-    pool = RewardPool(cfg.reward.fn, cfg.reward.num_workers, cfg.reward.timeout_s)
-    model = None
-    if cfg.reward.uses_model:
-        rc = cfg.reward
-        endpoint = rc.model_endpoint or read_endpoint(run_dir, "reward", stop=stop)
-        model = RewardModelScorer.from_config(rc, endpoint, run_keys_dir(cfg.launch, run_dir))
-
-    def score(items):
-        # items: (response, ground truth, tokens, prompt text, extra_info)
-        verdicts = pool.score_batch([(t, truth, p, x) for t, truth, _, p, x in items])
-        model_scores = (
-            model.score([p + t for t, _, _, p, _ in items]) if model else [None] * len(items)
-        )
-        return [
-            composer.combine(v, item[2], v.get("tag", ""), m)
-            for v, item, m in zip(verdicts, items, model_scores)
-        ]
-
-    score.component_names = composer.component_names
-    score.model = model
-    return score, _Closer(pool, model)
-
-
-class _Closer:
-    def __init__(self, *parts):
-        self.parts = [p for p in parts if p is not None]
-
-    def close(self) -> None:
-        for p in self.parts:
-            p.close()
 
 
 def engine_for(cfg, path: str):

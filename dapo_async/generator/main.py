@@ -1,8 +1,9 @@
 """`dapo-async generator CONFIG [overrides] [--id NAME]`: one generator process.
 
-Parses the config, builds the engine (``generator.engine``), the reward pool and the weight
-receiver, connects to the buffer (launch.buffer_endpoint, or ``<run_dir>/endpoints/buffer``) and
-runs ``GeneratorLoop`` until SIGINT/SIGTERM.
+Parses the config, builds the engine (``generator.engine``), the scorer (reward pool, reward
+model client) and the weight receiver, connects to the buffer (launch.buffer_endpoint, or
+``<run_dir>/endpoints/buffer``) and runs ``GeneratorLoop`` (batch) or ``StreamLoop`` until
+SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from dapo_async.generator.build import (
     connect_buffer,
     connect_weights,
     engine_for,
-    make_scorer,
     refill_sequences,
     sampling_params,
 )
 from dapo_async.generator.loop import GeneratorLoop
+from dapo_async.generator.scoring import make_scorer
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
 from dapo_async.hub import resolve_paths
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
 
     run_dir = cfg.resolved_run_dir
     engine = engine_for(cfg, cfg.model.source_dir)
-    score, pool = make_scorer(cfg, run_dir, stop)
+    scorer = make_scorer(cfg, run_dir, stop)
 
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     sock = connect_buffer(ctx, cfg, endpoint, gen_id)
     tracker = Tracker.for_role(cfg, gen_id)
     g = cfg.generator
-    args = (gen_id, engine, score, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
+    args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,
         # step = the weights version the engine holds (wall time is each record's "time")
@@ -79,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         sock.close(linger=0)
         ctx.term()
-        pool.close()
+        scorer.close()
         weights.close()
         tracker.close()
         engine.close()

@@ -8,8 +8,9 @@ and a new prompt is leased to take its place. No step waits for a whole batch.
     │   each finished request: score → group (per-token versions) → outbox → ScoredGroups
     └── pump replies (acks, grants)
 
-Same outbox, acks, resends and hello/heartbeat as the batch loop (``GeneratorLoop``), which
-this extends; the engine's streaming decoder (``HFStream``, ``VLLMStream``) is passed in.
+Same outbox, acks, resends and hello/heartbeat as the batch loop (``session.GeneratorSession``,
+which both extend); the engine's streaming decoder (``Engine.stream``: ``HFStream``,
+``VLLMStream``) is passed in.
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ from collections import deque
 import numpy as np
 
 from dapo_async import protocol
-from dapo_async.generator.loop import (
+from dapo_async.generator.session import (
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
     WEIGHTS_WAIT_S,
-    GeneratorLoop,
+    GeneratorSession,
 )
 
 # Stream-mode metrics are reported at most this often (groups may finish every few ms).
 METRICS_EVERY_S = 1.0
 
 
-class StreamLoop(GeneratorLoop):
+class StreamLoop(GeneratorSession):
     def __init__(
         self,
         *args,

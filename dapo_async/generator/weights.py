@@ -10,8 +10,8 @@
     broken ── poll() every RECONNECT_S ─► connect(RECONNECT_TIMEOUT_S) ─► connected
 
 A failed or unreachable weight sync never stops generation. With vLLM and ``weight_sync.mode=dist``
-the engine's workers are the group members (``EngineWeightReceiver``): they receive straight
-into the engine, and ``poll`` returns None.
+the engine's workers are the group members (``Engine.worker_receiver``, the path in
+``engines/vllm_weights.py``): they receive straight into the engine, and ``poll`` returns None.
 """
 
 from __future__ import annotations
@@ -26,24 +26,6 @@ RECONNECT_S = 5.0
 RECONNECT_TIMEOUT_S = 2.0
 # At start the learner may still be loading: wait this long for its weight-sync endpoint.
 CONNECT_TIMEOUT_S = 30.0
-
-
-class EngineWeightReceiver(WeightReceiver):
-    """A vLLM engine whose workers are the weight-sync members: ``poll`` lets them take part in
-    an open round and returns None (the engine already runs the new version)."""
-
-    def __init__(
-        self, engine, endpoint: str, gen_id: str, timeout_s: float, backend: str, keys_dir=None
-    ):
-        self.engine = engine
-        engine.connect_weight_sync(endpoint, gen_id, timeout_s, backend, keys_dir=keys_dir)
-
-    def poll(self):
-        self.engine.poll_weight_sync()
-        return None
-
-    def close(self) -> None:
-        self.engine.close_weight_sync()
 
 
 class ReconnectingReceiver:

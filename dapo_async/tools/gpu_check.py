@@ -52,7 +52,7 @@ GPU_TESTS = [
     "tests/generator/test_hf_devices.py",
     "tests/learner/test_step_devices.py",
 ]
-VLLM_TESTS = ["tests/generator/test_engines.py", "tests/weight_sync/test_vllm_sync.py"]
+VLLM_TESTS = ["tests/generator/test_engine_interface.py", "tests/weight_sync/test_vllm_sync.py"]
 
 
 class StageFailed(RuntimeError):

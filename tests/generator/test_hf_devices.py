@@ -4,8 +4,8 @@ sampling generator the decoders make must be on the model's device, and the stre
 reads sampled tokens back to the host once per few steps, not once per token."""
 
 import numpy as np
+from engine_checks import LOGPROB_TOL, chat_prompts, max_delta
 from simdevice import real, sim_device
-from test_engines import LOGPROB_TOL, chat_prompts, max_delta
 
 from dapo_async.engines import hf_stream
 from dapo_async.engines.base import SamplingParams
