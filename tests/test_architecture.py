@@ -153,3 +153,16 @@ def test_benches_build_roles_from_their_libraries_not_their_main():
             continue
         bad += [f"{path.name} imports {m}" for m in _imported_modules(tree) if m.endswith(".main")]
     assert not bad, bad
+
+
+def test_each_generator_loop_has_only_its_own_methods():
+    """The stream loop and the batch loop share a session and nothing else: neither inherits a
+    method it never calls."""
+    from dapo_async.generator.loop import GeneratorLoop
+    from dapo_async.generator.session import GeneratorSession
+    from dapo_async.generator.stream import StreamLoop
+
+    batch_only = set(vars(GeneratorLoop)) - set(vars(GeneratorSession)) - {"__doc__", "__module__"}
+    assert {"lease", "rollout", "_await_weights"} <= batch_only
+    assert not batch_only & set(dir(StreamLoop)) - {"step", "__init__"}
+    assert GeneratorSession in StreamLoop.__mro__ and GeneratorLoop not in StreamLoop.__mro__
