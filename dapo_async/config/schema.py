@@ -279,6 +279,14 @@ class WeightSyncConfig:
     )
     bucket_mb: int = F(64, "Size of one flat transfer bucket in MiB.", ge=1)
     timeout_s: float = F(60.0, "Timeout of every weight-sync collective.", gt=0)
+    form_timeout_s: float = F(
+        10.0,
+        "dist mode: how long forming a new group (every member connecting to every other) may "
+        "take. Receivers form from a thread of their own the moment an epoch is announced, so "
+        "this bounds what a member that died since costs the others (a few heartbeats), not "
+        "how long a generator takes to reach its next poll.",
+        gt=0,
+    )
 
 
 @dataclass

@@ -14,7 +14,9 @@ Two ways in, both ending in the worker's ``_dapo_reload`` (``Worker.reload_weigh
              (``weight_sync/dist_receiver.py``) joins the weight-sync group
     generator loop ─► ReconnectingReceiver.poll (``generator/weights.py``) ─► WorkersReceiver.poll
       ─► poll_weight_sync: worker 0: dapo_wsync_latest (the newest announced round, no transfer)
-      ─► every worker: dapo_wsync_poll(that round) ─► receive, verify ─► _dapo_reload
+      ─► every worker: dapo_wsync_ready(that round) (its group formed, by the receiver's own
+         thread, the moment the epoch was announced) ─► all ready? every worker:
+         dapo_wsync_poll(that round) ─► receive, verify ─► _dapo_reload
 
 After either, under a held scheduler in stream mode (``_paused``: no step runs half-way), the
 prefix cache is reset (no KV of the old weights reused by a new request; with ``reset_running``
@@ -84,6 +86,8 @@ class VLLMWeightPath:
         at = self._rpc(WorkerExtension.dapo_wsync_latest)[0]
         if tuple(at) <= self._wsync_last:
             return None  # (checked first so the scheduler is held only for a real round)
+        if not all(self._rpc(WorkerExtension.dapo_wsync_ready, at)):
+            return None  # a worker's group is still forming: no worker enters the round yet
         with self._paused():
             results = self._rpc(WorkerExtension.dapo_wsync_poll, at)
             self._wsync_last = tuple(at)

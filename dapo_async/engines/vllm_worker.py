@@ -66,6 +66,11 @@ class WorkerExtension:
         """The newest announced (epoch, round) (no transfer)."""
         return list(self._dapo_receiver.latest())
 
+    def dapo_wsync_ready(self, at: list[int]) -> bool:
+        """Whether this worker can enter round ``at`` at once (False while its epoch's group
+        is still forming in the receiver's own thread)."""
+        return self._dapo_receiver.ready(tuple(at))
+
     def dapo_wsync_poll(self, at: list[int]) -> dict | None:
         """Take part in round ``at`` (read once by the generator and given to every
         tensor-parallel worker alike): receive, verify, reload. Returns

@@ -46,11 +46,20 @@ def nccl_options(timeout_s: float):
     return opts
 
 
-def make_group(store, epoch: int, rank: int, size: int, timeout_s: float, backend: str):
+def make_group(
+    store, epoch: int, rank: int, size: int, timeout_s: float, backend: str, form_timeout_s=None
+):
+    """The group of ``epoch``. Gloo connects every pair while it is built, retrying a refused
+    connection until its timeout: it is built with ``form_timeout_s`` (a member that died since
+    the epoch was announced costs that, not ``timeout_s``), then given ``timeout_s`` for its
+    collectives."""
     prefix = dist.PrefixStore(f"wsync/{epoch}", store)
     if backend == "nccl":
         return dist.ProcessGroupNCCL(prefix, rank, size, nccl_options(timeout_s)), prefix
-    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s)), prefix
+    form_s = timeout_s if form_timeout_s is None else min(form_timeout_s, timeout_s)
+    pg = dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=form_s))
+    pg.set_timeout(timedelta(seconds=timeout_s))
+    return pg, prefix
 
 
 def wait_all(works, timeout_s: float, on_done=None) -> None:

@@ -21,8 +21,9 @@ while it is on the wire, then posts the digests; the receiver digests bucket i w
 is still arriving and compares at the end. A failed round (a receiver died: gloo reports the
 closed connection at once; or a collective times out) raises in the thread: the sender closes
 the group, so the survivors' pending receive fails too instead of waiting out the timeout, and
-re-forms it (new epoch) with the members whose heartbeat came after the failure,
-and a receiver that joined or restarted is included at the next epoch and gets the current
+re-forms it (new epoch) with the members whose heartbeat came after the failure (a member that
+dies while a group forms fails the formation within ``weight_sync.form_timeout_s``: receivers
+form from a thread the moment an epoch is announced, ``dist_receiver``), and a receiver that joined or restarted is included at the next epoch and gets the current
 weights in its first round. Receivers verify every bucket's digest and the names/shapes against
 their own model; a mismatch raises ``WeightSyncError`` and keeps the previous weights.
 """
@@ -90,6 +91,7 @@ class DistWeightPublisher(WeightPublisher):
         )
         self.port = self.server.port
         self.timeout_s = ws.timeout_s
+        self.form_timeout_s = ws.form_timeout_s
         self.bucket_bytes = ws.bucket_mb << 20
         self.backend = backend
         self.device = group_device(backend)
@@ -258,8 +260,9 @@ class DistWeightPublisher(WeightPublisher):
         self.store.set("latest", json.dumps([self.epoch, self.round]))
         if self.pg is None:
             self.pg, _ = make_group(
-                self.store, self.epoch, 0, len(self.members) + 1, self.timeout_s, self.backend
-            )
+                self.store, self.epoch, 0, len(self.members) + 1, self.timeout_s, self.backend,
+                self.form_timeout_s,
+            )  # fmt: skip
         works, digests = [], []
         with use_stream(self.stream):
             wait_event(self.bucket_event, self.stream)

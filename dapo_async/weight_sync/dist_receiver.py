@@ -1,18 +1,27 @@
 """The generator side of dist weight sync (``dist.py`` has the protocol and the sender): join
-through the store, keep a heartbeat, take part in each round of the current epoch, verify every
-bucket's digest, and hand back a state dict of views into the received buckets.
+through the store, keep a heartbeat, form each epoch's group the moment it is announced, take
+part in each round of the current epoch, verify every bucket's digest, and hand back a state
+dict of views into the received buckets.
 
+    former thread (every FORM_POLL_S): a newer epoch with us in it? → build its group, bounded
+            by weight_sync.form_timeout_s (a failed formation: we join the next epoch)
     poll(): heartbeat ─ no newer round? → None
-            new epoch with us in it? → build the group (rank = position + 1)
+            its epoch's group still forming? → None (the round is taken at a later poll)
             receive the buckets (digesting each as the next arrives) → compare digests
             → (state, version) | WeightSyncError (previous weights kept)
             | None when the sender abandoned the round (we join the next epoch)
+
+Forming from a thread keeps formation short whatever the generator is doing (a long batch, a
+vLLM step): every live member joins within FORM_POLL_S, so the sender can bound formation
+tightly, and a member that dies while the group forms costs the others that bound, not a
+collective timeout.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +35,9 @@ from dapo_async.weight_sync.liveness import Heartbeat
 from dapo_async.weight_sync.store import STORE_TIMEOUT_S, connect_store
 
 log = logging.getLogger(__name__)
+
+# The former thread looks for a newly announced epoch this often.
+FORM_POLL_S = 0.05
 
 
 class DistWeightReceiver(WeightReceiver):
@@ -52,12 +64,19 @@ class DistWeightReceiver(WeightReceiver):
 
         ep, self.store = connect_store(ws, run_dir, endpoint, keys_dir, connect_timeout_s, register)
         self.heartbeat = Heartbeat(ep, keys_dir, self.id, STORE_TIMEOUT_S)
+        self.form_timeout_s = ws.form_timeout_s
         self.epoch = -1
         self.rank = -1
         self.pg = None
         self.last = (-1, -1)
         self.version = -1
         self.buckets: FlatBuckets | None = None
+        # epoch -> (rank, group | None when its formation failed), filled by the former thread
+        self._formed: dict[int, tuple[int, object]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._former = threading.Thread(target=self._form_loop, name="wsync-form", daemon=True)
+        self._former.start()
 
     def _heartbeat(self) -> None:
         self.store.set(f"alive/{self.id}", str(time.time()))
@@ -73,6 +92,63 @@ class DistWeightReceiver(WeightReceiver):
             return (-1, -1)
         return tuple(json.loads(self.store.get("latest")))
 
+    # ------------------------------------------------------------------ former thread
+
+    def _form_loop(self) -> None:
+        formed_up_to = -1
+        while not self._stop.wait(FORM_POLL_S):
+            try:
+                e = self.latest()[0]
+                if e <= formed_up_to:
+                    continue
+                formed_up_to = e
+                members = json.loads(self.store.get(f"epoch/{e}"))
+            except Exception:  # the store went away: poll() reports it
+                continue
+            if self.id in members:
+                self._form(e, members.index(self.id) + 1, len(members) + 1)
+
+    def _form(self, e: int, rank: int, size: int) -> None:
+        try:
+            pg, _ = make_group(
+                self.store, e, rank, size, self.timeout_s, self.backend, self.form_timeout_s
+            )
+        except Exception as err:  # a member died while it formed: the sender re-forms
+            log.warning("weight-sync epoch %d did not form (%s)", e, str(err).splitlines()[0][:120])
+            pg = None
+        with self._lock:
+            self._formed[e] = (rank, pg)
+
+    def ready(self, at: tuple[int, int]) -> bool:
+        """Whether ``poll(at)`` would return at once: False only while the group of ``at``'s
+        epoch, which includes us, is still forming (tensor-parallel workers all wait for
+        True before any enters the round's collectives)."""
+        e = at[0]
+        if e < 0 or e == self.epoch or tuple(at) <= self.last:
+            return True
+        with self._lock:
+            if e in self._formed:
+                return True
+        return self.id not in json.loads(self.store.get(f"epoch/{e}"))
+
+    def _adopt(self, e: int) -> bool:
+        """Make epoch ``e``'s formed group ours (closing older ones); False when we are no
+        member of it, its formation failed, or it is still forming."""
+        with self._lock:
+            got = self._formed.get(e)
+            if got is None:
+                return False
+            stale = sorted(k for k in self._formed if k <= e)
+            groups = [self._formed.pop(k)[1] for k in stale]
+        close_group(self.pg, self.backend)
+        for g in groups[:-1]:
+            close_group(g, self.backend)
+        self.rank, self.pg = got
+        self.epoch = e if self.pg is not None else -1
+        return self.pg is not None
+
+    # ------------------------------------------------------------------ rounds
+
     def poll(self, at: tuple[int, int] | None = None) -> tuple[dict[str, torch.Tensor], int] | None:
         """Take part in round ``at`` (the newest when None). Tensor-parallel workers of one
         engine are given the same ``at``, read once by their generator: each reading "latest" on
@@ -87,15 +163,11 @@ class DistWeightReceiver(WeightReceiver):
         if tuple(at) <= self.last or e < 0:
             return None
         if e != self.epoch:
-            members = json.loads(self.store.get(f"epoch/{e}"))
-            if self.id not in members:
-                return None  # joins at the next epoch
-            close_group(self.pg, self.backend)
-            self.rank = members.index(self.id) + 1
-            self.pg, _ = make_group(
-                self.store, e, self.rank, len(members) + 1, self.timeout_s, self.backend
-            )
-            self.epoch = e
+            if not self.ready(at):
+                return None  # still forming: this round is taken at a later poll
+            if not self._adopt(e):
+                self.last = (e, r)  # not for us: we join the next epoch
+                return None
         manifest = json.loads(self.store.get(f"round/{e}/{r}"))
         self.last = (e, r)
         self._ensure_buffers(manifest)
@@ -135,6 +207,12 @@ class DistWeightReceiver(WeightReceiver):
         self.pg, self.epoch = None, -1
 
     def close(self) -> None:
+        self._stop.set()
+        self._former.join(timeout=self.form_timeout_s + 1)
         self.heartbeat.close()
         close_group(self.pg, self.backend)
+        with self._lock:
+            for _, g in self._formed.values():
+                close_group(g, self.backend)
+            self._formed.clear()
         self.store.close()

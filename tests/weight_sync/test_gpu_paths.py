@@ -96,6 +96,9 @@ def test_receiver_takes_the_round_it_is_given():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         at = rec.latest()
+        while not rec.ready(at):  # the group forms in the receiver's own thread
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         state, version = rec.poll(at=at)
         assert version == 1 and torch.equal(state["w"], torch.ones(5))
         assert rec.poll(at=at) is None  # already taken
@@ -116,6 +119,8 @@ class _FakeLLM:
         self.calls.append((method, args))
         if method == "dapo_wsync_latest":
             return self.latest
+        if method == "dapo_wsync_ready":
+            return [True, True]
         if method == "dapo_wsync_poll":
             return [{"version": 7}, {"version": 7}]
         return [None, None]

@@ -260,3 +260,62 @@ def test_dead_receiver_costs_a_heartbeat_not_a_collective_timeout():
         pub.close()
     assert ("a", 2, True) in got
     print(f"dead receiver cost {waited:.1f}s (collective timeout 60 s)")
+
+
+def _dies_while_forming(endpoint, rid, when):
+    """A receiver that registers and heartbeats, and is SIGKILLed while it forms the first epoch
+    it is a member of: ``before_address`` as it starts (the others wait for its address),
+    ``after_address`` right after it posted its address (the others' connections to it are
+    refused, and gloo retries a refused connection until its timeout)."""
+    torch.set_num_threads(1)
+    from dapo_async.weight_sync import dist_receiver
+    from dapo_async.weight_sync.store import RemoteStore
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if when == "before_address":
+        dist_receiver.make_group = lambda *args, **kwargs: die()
+    else:
+        posted = RemoteStore.set
+
+        def set_and_die(self, key, value):
+            posted(self, key, value)
+            if key.startswith("wsync/"):
+                die()
+
+        RemoteStore.set = set_and_die
+    cfg = load_config(None, ["weight_sync.timeout_s=120"])
+    dist_receiver.DistWeightReceiver(cfg.weight_sync, None, rid, endpoint=endpoint)
+    time.sleep(300)
+
+
+@pytest.mark.parametrize("when", ["before_address", "after_address"])
+def test_member_killed_while_the_group_forms_costs_the_formation_bound_not_the_timeout(when):
+    """Collectives time out after 120 s; a member dying while its group forms costs the others
+    weight_sync.form_timeout_s (10 s) and a re-form, not a transport timeout: the survivor
+    has the new weights long before 120 s."""
+    pub = _publisher(timeout_s=120)
+    out = SPAWN.Queue()
+    good = SPAWN.Process(target=_receiver, args=(pub.endpoint, "good", 1, out, 120))
+    doomed = SPAWN.Process(target=_dies_while_forming, args=(pub.endpoint, "doomed", when))
+    good.start()
+    doomed.start()
+    try:
+        _wait_joined(pub, 2)
+        time.sleep(1.5)  # both heartbeats are in: the first epoch has both members
+        t0 = time.monotonic()
+        pub.publish(_state(1), 1)
+        got = out.get(timeout=90)
+        took = time.monotonic() - t0
+        doomed.join(5)
+    finally:
+        for p in (good, doomed):
+            if p.is_alive():
+                p.kill()
+        pub.close()
+    assert doomed.exitcode == -signal.SIGKILL, "the doomed member did not die mid-formation"
+    assert got == ("good", 1, True)
+    assert pub.errors >= 1 and pub.stats["reforms"] >= 2
+    assert took < 60, f"the survivor waited {took:.0f}s"
+    print(f"member killed mid-formation cost {took:.1f}s (collective timeout 120 s)")
