@@ -123,6 +123,10 @@ def _faults(p: argparse.ArgumentParser) -> None:
     _runs(p, DEFAULT_CONFIG)
 
 
+def _soak(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--minutes", type=float, default=10.0, help="how long the load runs")
+
+
 def _logprobs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--response-tokens", type=int, default=8192, help="response length")
     p.add_argument("--vocab", type=int, default=32768, help="vocabulary size")
@@ -166,6 +170,7 @@ BENCHES: dict[str, Bench] = {
     "learn": _bench("learn", "the main job from fresh tiny policies: held-out gains", _learn),
     "ladder": _bench("ladder", "the DAPO paper's ladder or the staleness ladder", _ladder),
     "faults": _bench("faults", "what SIGKILL of each role costs a running job", _faults),
+    "soak": _bench("soak", "a real buffer under 16 generators, 2 learners, hostile peers", _soak),
     "logprobs": _bench("logprobs", "peak memory of full vs chunked log-probs", _logprobs),
     "learner": _bench("learner", "the learner's step on a real-shaped model: tok/s, MFU", _learner),
     "packing": _bench("packing", "learner tokens/s, padded vs packed micro-batches", _packing),

@@ -1,12 +1,16 @@
-"""The buffer's records: a lease (a prompt handed to a generator) and which leases will not come
-back in time (``late_leases``), a step's batch, and how a step's groups are split across learner
-ranks (``balance_shards``)."""
+"""The buffer's records: a lease (a prompt handed to a generator), which leases will not come
+back in time (``late_leases``), whether one holds a step (``holds_step``: pacing), a step's
+batch, and how a step's groups are split across learner ranks (``balance_shards``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from dapo_async.protocol import GroupId
+
+# Pacing does not wait for a lease whose generator has been silent this long (three missed
+# heartbeats): a killed generator would otherwise hold the step until buffer.lease_timeout_s.
+PACE_SILENT_S = 6.0
 
 
 @dataclass
@@ -39,6 +43,21 @@ def late_leases(leases, generators: dict, waiting_since: dict, cfg, now: float) 
         elif stalled and age > cfg.stall_reissue_s:
             out.append((ls, "stalled"))
     return out
+
+
+def holds_step(leases, step: int, generators: dict, on_probation: dict, now: float) -> bool:
+    """Pacing: whether step ``step`` waits for an outstanding lease due at it. A prompt still
+    being generated must be trained at this step at the latest; the step waits for it rather
+    than leave it to go stale (a long response is never dropped for being slow) — unless its
+    generator fell silent (killed: PACE_SILENT_S) or is on probation (its leases were taken
+    back by the watchdog or a deadline, or it sent a group refused on its own lease, and it
+    has stored no group since)."""
+    return any(
+        ls.deadline == step
+        and now - generators.get(ls.generator_id, 0.0) < PACE_SILENT_S
+        and ls.generator_id not in on_probation
+        for ls in leases
+    )
 
 
 @dataclass

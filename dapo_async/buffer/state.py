@@ -34,14 +34,17 @@ import numpy as np
 from dapo_async.algo.filters import dynamic_sampling_keep
 from dapo_async.buffer import snapshot
 from dapo_async.buffer.counters import Counters, state_stats
-from dapo_async.buffer.records import Lease, StepBatch, balance_shards, late_leases
+from dapo_async.buffer.records import (
+    Lease,
+    StepBatch,
+    balance_shards,
+    holds_step,
+    late_leases,
+)
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor, make_cursor
 from dapo_async.protocol import Group, GroupBatch, GroupId
 
-# Pacing does not wait for a lease whose generator has been silent this long (three missed
-# heartbeats): a killed generator would otherwise hold the step until buffer.lease_timeout_s.
-PACE_SILENT_S = 6.0
 # Group ids remembered after training, to ack late resends as duplicates (bounded memory).
 MAX_REMEMBERED_IDS = 1_000_000
 
@@ -75,6 +78,10 @@ class BufferState:
         # step -> when its assembly first had to wait (the watchdog's clock; not persisted: a
         # restarted buffer starts counting again)
         self.waiting_since: dict[int, float] = {}
+        # generator -> when the watchdog or a deadline took its leases back, or it sent a group
+        # refused on its own lease: until it stores a group it holds one lease at a time and
+        # pacing waits for none (a hoarder or a poisoner stalls the run once, not every step)
+        self.on_probation: dict[str, float] = {}
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
@@ -118,7 +125,7 @@ class BufferState:
         now = time.monotonic() if now is None else now
         self.generators[generator_id] = now
         deadline = self.deadline(weights_version)
-        cap = self.cfg.max_leases_per_generator
+        cap = 1 if generator_id in self.on_probation else self.cfg.max_leases_per_generator
         if cap:  # one generator cannot hoard the prompts the others need
             held = sum(ls.generator_id == generator_id for ls in self.leases.values())
             num = min(num, max(0, cap - held))
@@ -146,6 +153,7 @@ class BufferState:
         late = late_leases(self.leases.values(), self.generators, self.waiting_since, self.cfg, now)
         self.counters.lease_overdue += sum(why == "overdue" for _, why in late)
         self.counters.lease_stalled += sum(why == "stalled" for _, why in late)
+        self.on_probation.update((ls.generator_id, now) for ls, why in late if why != "silent")
         lost = [ls for ls, _ in late]
         for ls in lost:
             del self.leases[ls.lease_id]
@@ -168,6 +176,7 @@ class BufferState:
             # not remembered: an id refused here must not make a later real group a duplicate
             return self.refuse(group.prompt_id, group.generator_id, "unknown_lease")
         del self.leases[group.prompt_id]
+        self.on_probation.pop(group.generator_id, None)
         self._remember(gid)
         self.counters.produced += 1
         self.counters.accepted += 1
@@ -209,6 +218,7 @@ class BufferState:
         if lease is not None and lease.generator_id == generator_id:
             del self.leases[lease_id]
             self.cursor.requeue(lease.prompt_index)
+            self.on_probation[generator_id] = time.monotonic()  # it sent what checks refuse
         self.counters.rejected[reason] += 1
         return f"rejected:{reason}"
 
@@ -317,13 +327,7 @@ class BufferState:
                 f"buffer.groups_per_step ({need}) must be >= the number of learner ranks ({world_size})"
             )
         now = time.monotonic()
-        if any(
-            ls.deadline == step and now - self.generators.get(ls.generator_id, 0.0) < PACE_SILENT_S
-            for ls in self.leases.values()
-        ):
-            # pacing: a prompt still being generated must be trained at this step at the
-            # latest; the step waits for it rather than leave it to go stale (a long response
-            # is never dropped for being slow) — unless its generator fell silent (killed)
+        if holds_step(self.leases.values(), step, self.generators, self.on_probation, now):
             self.counters.paced_waits += 1
             self.waiting_since.setdefault(step, now)
             return None

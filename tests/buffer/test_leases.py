@@ -9,6 +9,7 @@ from helpers import group
 
 from dapo_async import protocol
 from dapo_async.buffer.checks import GroupLimits
+from dapo_async.buffer.records import Lease, holds_step
 from dapo_async.buffer.service import BufferService
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import BufferConfig, load_config
@@ -73,6 +74,36 @@ def test_the_watchdog_reissues_what_the_waiting_learner_needs():
     assert s.ingest(group("g", 1, again.lease_id)) == "stored"
     assert s.batch(0, 0, 1) is not None
     assert s.waiting_since == {}
+
+
+def test_a_hoarder_whose_leases_were_taken_back_holds_no_step_and_one_lease():
+    """Once the watchdog took a hoarder's leases back it is on probation: it holds one lease
+    at a time and pacing waits for none of them (it stalls the run once, not at every step).
+    A group it stores ends the probation."""
+    s = state(groups_per_step=2, lease_deadline_s=0.0, stall_reissue_s=60.0)
+    t0 = time.monotonic()
+    s.grant("hoarder", 3, now=t0)
+    assert s.batch(0, 0, 1) is None  # no groups: the learner waits
+    s.heartbeat("hoarder", now=t0 + 61)
+    assert len(s.expire_leases(now=t0 + 61)) == 3 and "hoarder" in s.on_probation
+    (held,) = s.grant("hoarder", 5)  # one at a time
+    assert s.grant("hoarder", 5) == []
+    alive = {"hoarder": t0 + 61, "g": t0 + 61}
+    due = [Lease(1, 0, "hoarder", t0, deadline=1)]
+    assert not holds_step(due, 1, alive, s.on_probation, t0 + 62)
+    assert holds_step(due, 1, alive, {}, t0 + 62)  # an honest holder's lease holds its step
+    assert s.ingest(group("hoarder", 0, held.lease_id)) == "stored"
+    assert "hoarder" not in s.on_probation and len(s.grant("hoarder", 5)) > 1
+
+
+def test_a_generator_whose_group_was_refused_on_its_own_lease_is_on_probation():
+    s = state(groups_per_step=2)
+    (mine,) = s.grant("g", 1)
+    assert s.reject(group("g", 0, mine.lease_id), "group_size") == "rejected:group_size"
+    assert "g" in s.on_probation and len(s.grant("g", 5)) == 1
+    (theirs,) = s.grant("hoarder", 1)  # naming another's lease changes nothing of theirs
+    assert s.reject(group("g", 1, theirs.lease_id), "group_size") == "rejected:group_size"
+    assert "hoarder" not in s.on_probation and theirs.lease_id in s.leases
 
 
 def _service(wal_path) -> BufferService:
