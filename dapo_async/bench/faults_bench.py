@@ -1,6 +1,6 @@
 """`dapo-async bench faults`: what a SIGKILL costs a running job, measured on real runs.
 
-Three runs of the main job with the launcher (`dapo-async train`), roles killed from outside:
+Four runs of the main job with the launcher (`dapo-async train`), roles killed from outside:
 
 - ``generators``: 40 steps with two generators, a random generator SIGKILLed at steps 5, 10, …,
   30 (six kills): ``generator_kills_max_wait_s`` = the learner's longest wait for a batch;
@@ -9,6 +9,12 @@ Three runs of the main job with the launcher (`dapo-async train`), roles killed 
 - ``learner``: the learner SIGKILLed after step 10 (checkpoints every 5 steps):
   ``learner_kill_stall_s`` = the longest time between two recorded steps (restart, model load,
   resume, the steps since the checkpoint trained again).
+
+- ``wsync``: ``weight_sync.mode=dist``, two generators, a generator SIGKILLed twice in each
+  phase of weight sync — ``formation`` (as a new epoch is announced: the group forms with the
+  generator restarted after the previous kill), ``after_publish`` (a round on the wire),
+  ``between`` (a random moment) — ``wsync_max_gap_s``: per phase, the longest time between two
+  learner steps after such a kill.
 
 Each also reports ``*_median_step_s`` (the normal step interval) and whether the run finished.
 """
@@ -34,6 +40,10 @@ from dapo_async.tracking import read_metrics
 
 # Longest a scenario may take before it counts as hung.
 RUN_TIMEOUT_S = 900.0
+# How often the weight-sync scenario looks at the run's logs and metrics.
+WATCH_S = 0.05
+# Generators of the weight-sync scenario.
+WSYNC_GENERATORS = 2
 
 
 def _steps(run_dir: Path) -> list[dict]:
@@ -94,6 +104,79 @@ def run_scenario(config: str, overrides: list[str], run_dir: Path, role: str, at
     }
 
 
+def _full_epochs(run_dir: Path) -> int:
+    """Weight-sync epochs announced so far with every generator in them (group formations
+    with all members: the first one, and each with a restarted generator rejoining)."""
+    log = run_dir / "logs" / "learner.log"
+    if not log.exists():
+        return 0
+    return log.read_text().count(f"with {WSYNC_GENERATORS} receivers")
+
+
+def _wait(cond, proc: subprocess.Popen, deadline: float, what: str) -> None:
+    while not cond():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"bench faults: the weight-sync run ended or hung waiting for {what}"
+            )
+        time.sleep(WATCH_S)
+
+
+def _kill_in_phase(proc, run_dir: Path, phase: str, rng, deadline: float, full: int) -> float:
+    """SIGKILL a generator in ``phase`` of weight sync; returns the kill's wall time.
+    ``formation``: the moment the group is formed again with every generator (the one killed
+    last, restarted, rejoining: ``full`` full epochs had been announced at that kill);
+    ``after_publish``: as a step is recorded (its weights just published: the round is on the
+    wire); ``between``: a random moment within the next step."""
+    if phase == "formation":
+        _wait(lambda: _full_epochs(run_dir) > full, proc, deadline, "the group re-formed")
+    elif phase == "after_publish":
+        seen = len(_steps(run_dir))
+        _wait(lambda: len(_steps(run_dir)) > seen, proc, deadline, "the next step")
+    else:
+        time.sleep(rng.uniform(0.0, 1.0))
+    _wait(lambda: _kill(proc, "generator", rng), proc, deadline, "a live generator")
+    return time.time()
+
+
+def run_wsync_phases(config: str, overrides: list[str], run_dir: Path, rounds: int = 2) -> dict:
+    """``weight_sync.mode=dist`` with two generators: a generator SIGKILLed ``rounds`` times in
+    each phase of weight sync; the longest gap between learner steps after a kill, per phase
+    (until the next kill)."""
+    order = ["between", "formation", "after_publish", "formation"] * rounds
+    extra = ["weight_sync.mode=dist", f"generator.num_generators={WSYNC_GENERATORS}",
+             f"learner.num_steps={10 + 8 * len(order)}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "dapo_async.cli", "train", config, f"run_dir={run_dir}"]
+    proc = subprocess.Popen([*cmd, *overrides, *extra], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    rng, kills, full = random.Random(1), [], 0
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        for phase in order:
+            if phase != "formation":  # a few normal steps first (formation follows a kill)
+                at = len(_steps(run_dir)) + 3
+                _wait(lambda a=at: len(_steps(run_dir)) >= a, proc, deadline, f"step {at}")
+            full = _full_epochs(run_dir) if phase != "formation" else full
+            kills.append((phase, _kill_in_phase(proc, run_dir, phase, rng, deadline, full)))
+            full = _full_epochs(run_dir)
+        _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+    return _phase_gaps(run_dir, kills) | {"finished": proc.returncode == 0, "kills": len(kills)}
+
+
+def _phase_gaps(run_dir: Path, kills: list[tuple[str, float]]) -> dict:
+    times = [r["time"] for r in _steps(run_dir)]
+    worst: dict[str, float] = {}
+    for (phase, t), nxt in zip(kills, [*[t for _, t in kills[1:]], float("inf")]):
+        gaps = [b - a for a, b in itertools.pairwise(times) if b > t and a < nxt]
+        worst[phase] = max(worst.get(phase, 0.0), max(gaps, default=0.0))
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return {"max_gap_s": worst, "median_step_s": statistics.median(gaps) if gaps else 0.0}
+
+
 def main(args: argparse.Namespace) -> int:
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-faults-"))
     base = ["tracking.aim=false", "learner.checkpoint_every=5", *args.overrides]
@@ -105,7 +188,12 @@ def main(args: argparse.Namespace) -> int:
     lrn = run_scenario(
         args.config, [*base, "learner.num_steps=20"], root / "learner", "learner", [10]
     )
+    ws = run_wsync_phases(args.config, base, root / "wsync")
     out = {
+        "wsync_kills": ws["kills"],
+        "wsync_finished": ws["finished"],
+        "wsync_max_gap_s": ws["max_gap_s"],
+        "wsync_median_step_s": ws["median_step_s"],
         "generator_kills": gens["kills"],
         "generator_kills_finished": gens["finished"],
         "generator_kills_max_wait_s": gens["max_wait_s"],
@@ -125,7 +213,9 @@ def main(args: argparse.Namespace) -> int:
         f"6 generator kills in 40 steps: longest batch wait {out['generator_kills_max_wait_s']:.1f}s "
         f"(finished {gens['finished']}); buffer kill: stall {out['buffer_kill_stall_s']:.1f}s "
         f"(finished {buf['finished']}); learner kill: stall {out['learner_kill_stall_s']:.1f}s "
-        f"(finished {lrn['finished']}); normal step {out['buffer_kill_median_step_s']:.1f}s",
+        f"(finished {lrn['finished']}); normal step {out['buffer_kill_median_step_s']:.1f}s; "
+        f"weight-sync (dist) kills, longest gap per phase: "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in ws["max_gap_s"].items()),
         out,
         args.json,
     )

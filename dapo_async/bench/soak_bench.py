@@ -139,7 +139,8 @@ def soak(minutes: float, root: Path) -> dict:
     keys = run / "keys"
     gens = [FakeGenerator(ctx, endpoint, keys, f"soak-gen-{i}", RESPONSES, stop, i)
             for i in range(NUM_GENERATORS)]  # fmt: skip
-    learners = [FakeLearner(ctx, endpoint, keys, r, WORLD, stop) for r in range(WORLD)]
+    progress: dict[int, int] = {}
+    learners = [FakeLearner(ctx, endpoint, keys, r, WORLD, stop, progress) for r in range(WORLD)]
     hostile = [HostilePeer(ctx, endpoint, keys, f"hostile-{i}", gens[i].id, RESPONSES, stop)
                for i in range(NUM_HOSTILE)]  # fmt: skip
     t0 = time.monotonic()

@@ -5,7 +5,8 @@ real buffer process, speaking the real protocol with the run's keys.
   dynamic sampling keeps some and drops some), resend what is unacknowledged, record each
   group's ack status and its ack latency (first send → ack);
 - ``FakeLearner``: one rank of a learner world, requesting every step's shard in turn and
-  recording the group ids it was given (each step's shard is "trained" when the next is asked);
+  recording the group ids it was given (each step's shard is "trained" when the next is asked),
+  rank 0 sending checkpoint notices;
 - ``HostilePeer``: with the generators' key, acts for a real generator (heartbeats, leases and
   groups under its id), hoards leases of its own, sends groups larger than the config allows
   and frames that decode to nothing.
@@ -32,6 +33,8 @@ RECV_S = 0.2
 PROMPTS_PER_LEASE = 2
 # Tokens per fake response.
 RESPONSE_TOKENS = 16
+# Rank 0 of the fake learner sends a checkpoint notice this often (steps).
+CHECKPOINT_EVERY = 20
 
 
 def make_group(gen_id: str, seq: int, lease_id: int, prompt, n: int, version: int, rng):
@@ -144,9 +147,13 @@ class FakeGenerator(_Peer):
 
 
 class FakeLearner(_Peer):
-    def __init__(self, ctx, endpoint, keys_dir, rank: int, world: int, stop):
+    """``progress`` (shared by the ranks: rank → steps received) lets rank 0 send a checkpoint
+    notice every CHECKPOINT_EVERY steps for the last step every rank has, as a real learner
+    does: the buffer frees those groups and compacts its log."""
+
+    def __init__(self, ctx, endpoint, keys_dir, rank: int, world: int, stop, progress: dict):
         super().__init__(ctx, endpoint, keys_dir, "learner", f"learner-{rank}", stop)
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.progress = rank, world, progress
         self.trained: dict[int, list[str]] = {}
 
     def loop(self) -> None:
@@ -159,6 +166,11 @@ class FakeLearner(_Peer):
             if isinstance(msg, P.Batch) and msg.step == step and msg.ready:
                 self.trained[step] = [f"{g}:{s}" for g, s in msg.batch.group_ids()]
                 step += 1
+                self.progress[self.rank] = step
+                if self.rank == 0 and step % CHECKPOINT_EVERY == 0:
+                    done = min(self.progress.get(r, 0) for r in range(self.world)) - 1
+                    if done >= 0:
+                        self.send(P.CheckpointNotice(done, f"soak-{done}"))
             elif isinstance(msg, P.Batch):
                 self.stop.wait(min(msg.wait_s, RECV_S))
 
