@@ -177,45 +177,58 @@ def _phase_gaps(run_dir: Path, kills: list[tuple[str, float]]) -> dict:
     return {"max_gap_s": worst, "median_step_s": statistics.median(gaps) if gaps else 0.0}
 
 
+SCENARIOS = ("generators", "buffer", "learner", "wsync")
+
+
+def _scenarios(args, root: Path) -> dict:
+    """Run the scenarios named in ``args.only`` (all by default); their figures, flat."""
+    base = ["tracking.aim=false", "learner.checkpoint_every=5", *args.overrides]
+    only = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    if only - set(SCENARIOS):
+        raise SystemExit(f"bench faults --only: {sorted(only - set(SCENARIOS))} not in {SCENARIOS}")
+    out, failed = {}, {}
+    if "generators" in only:
+        r = run_scenario(args.config, [*base, "learner.num_steps=40", "generator.num_generators=2"],
+                         root / "generators", "generator", [5, 10, 15, 20, 25, 30])  # fmt: skip
+        out |= {"generator_kills": r["kills"], "generator_kills_finished": r["finished"],
+                "generator_kills_max_wait_s": r["max_wait_s"],
+                "generator_kills_median_step_s": r["median_step_s"]}  # fmt: skip
+        failed["generators"] = r["stderr_tail"]
+    for role in ("buffer", "learner"):
+        if role in only:
+            r = run_scenario(args.config, [*base, "learner.num_steps=20"], root / role, role, [10])
+            out |= {f"{role}_kill_finished": r["finished"], f"{role}_kill_stall_s": r["max_gap_s"],
+                    f"{role}_kill_median_step_s": r["median_step_s"]}  # fmt: skip
+            failed[role] = r["stderr_tail"]
+    if "wsync" in only:
+        r = run_wsync_phases(args.config, base, root / "wsync")
+        out |= {"wsync_kills": r["kills"], "wsync_finished": r["finished"],
+                "wsync_max_gap_s": r["max_gap_s"], "wsync_median_step_s": r["median_step_s"]}  # fmt: skip
+    for name, tail in failed.items():
+        if tail:
+            print(f"[bench faults] {name} run failed:\n{tail}", file=sys.stderr)
+    return out
+
+
+def _summary(out: dict) -> str:
+    parts = []
+    if "generator_kills" in out:
+        parts.append(f"{out['generator_kills']} generator kills in 40 steps: longest batch wait "
+                     f"{out['generator_kills_max_wait_s']:.1f}s "
+                     f"(finished {out['generator_kills_finished']})")  # fmt: skip
+    for role in ("buffer", "learner"):
+        if f"{role}_kill_stall_s" in out:
+            parts.append(f"{role} kill: stall {out[f'{role}_kill_stall_s']:.1f}s "
+                         f"(finished {out[f'{role}_kill_finished']})")  # fmt: skip
+    if "wsync_max_gap_s" in out:
+        gaps = ", ".join(f"{k} {v:.1f}s" for k, v in out["wsync_max_gap_s"].items())
+        parts.append(f"weight-sync (dist) kills, longest step gap per phase: {gaps} "
+                     f"(normal step {out['wsync_median_step_s']:.1f}s, "
+                     f"finished {out['wsync_finished']})")  # fmt: skip
+    return "; ".join(parts)
+
+
 def main(args: argparse.Namespace) -> int:
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-faults-"))
-    base = ["tracking.aim=false", "learner.checkpoint_every=5", *args.overrides]
-    gens = run_scenario(args.config, [*base, "learner.num_steps=40", "generator.num_generators=2"],
-                        root / "generators", "generator", [5, 10, 15, 20, 25, 30])  # fmt: skip
-    buf = run_scenario(
-        args.config, [*base, "learner.num_steps=20"], root / "buffer", "buffer", [10]
-    )
-    lrn = run_scenario(
-        args.config, [*base, "learner.num_steps=20"], root / "learner", "learner", [10]
-    )
-    ws = run_wsync_phases(args.config, base, root / "wsync")
-    out = {
-        "wsync_kills": ws["kills"],
-        "wsync_finished": ws["finished"],
-        "wsync_max_gap_s": ws["max_gap_s"],
-        "wsync_median_step_s": ws["median_step_s"],
-        "generator_kills": gens["kills"],
-        "generator_kills_finished": gens["finished"],
-        "generator_kills_max_wait_s": gens["max_wait_s"],
-        "generator_kills_median_step_s": gens["median_step_s"],
-        "buffer_kill_finished": buf["finished"],
-        "buffer_kill_stall_s": buf["max_gap_s"],
-        "buffer_kill_median_step_s": buf["median_step_s"],
-        "learner_kill_finished": lrn["finished"],
-        "learner_kill_stall_s": lrn["max_gap_s"],
-        "learner_kill_median_step_s": lrn["median_step_s"],
-        "run_root": str(root),
-    }
-    for name, r in (("generators", gens), ("buffer", buf), ("learner", lrn)):
-        if r["stderr_tail"]:
-            print(f"[bench faults] {name} run failed:\n{r['stderr_tail']}", file=sys.stderr)
-    return print_result(
-        f"6 generator kills in 40 steps: longest batch wait {out['generator_kills_max_wait_s']:.1f}s "
-        f"(finished {gens['finished']}); buffer kill: stall {out['buffer_kill_stall_s']:.1f}s "
-        f"(finished {buf['finished']}); learner kill: stall {out['learner_kill_stall_s']:.1f}s "
-        f"(finished {lrn['finished']}); normal step {out['buffer_kill_median_step_s']:.1f}s; "
-        f"weight-sync (dist) kills, longest gap per phase: "
-        + ", ".join(f"{k} {v:.1f}s" for k, v in ws["max_gap_s"].items()),
-        out,
-        args.json,
-    )
+    out = _scenarios(args, root) | {"run_root": str(root)}
+    return print_result(_summary(out), out, args.json)

@@ -121,6 +121,11 @@ def _ladder(p: argparse.ArgumentParser) -> None:
 
 def _faults(p: argparse.ArgumentParser) -> None:
     _runs(p, DEFAULT_CONFIG)
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated scenarios: generators,buffer,learner,wsync (default: all four)",
+    )
 
 
 def _soak(p: argparse.ArgumentParser) -> None:
