@@ -36,8 +36,10 @@ from dapo_async.weight_sync.store import STORE_TIMEOUT_S, connect_store
 
 log = logging.getLogger(__name__)
 
-# The former thread looks for a newly announced epoch this often.
-FORM_POLL_S = 0.05
+# The former thread looks for a newly announced epoch this often: two store requests each, on
+# the learner's store thread, per receiver (every vLLM worker is one): small against
+# weight_sync.form_timeout_s, and few requests beside the 1 s heartbeats.
+FORM_POLL_S = 0.2
 
 
 class DistWeightReceiver(WeightReceiver):
