@@ -1,6 +1,6 @@
 """A generator's parts, built from the run config: its engine, sampling parameters, weight
-receiver and buffer socket (its scorer: ``scoring.make_scorer``). ``generator/main.py`` assembles them into a loop;
-benches build the same parts (``bench generator``)."""
+receiver and buffer socket (its scorer: ``scoring.make_scorer``). ``generator/main.py``
+assembles them into a loop; benches build the same parts (``bench generator``)."""
 
 from __future__ import annotations
 
