@@ -20,9 +20,13 @@ asynchronous mode, the two-sample KS statistic between the response lengths of t
 qualified and of those trained (``ks_len_*``, ``ks_p_*``): a mode that favours fast responses
 trains shorter ones than it generates.
 
-``--rounds N`` runs the set N times (one folder a round) and reports each figure's median over
-the rounds, a ratio as the median of each round's own ratio; single runs of the long-tail set
-moved by ±0.1 in ``speedup_stream_vs_batch`` on one machine (docs/results.md).
+``--rounds N`` (default 3) runs the set N times (one folder a round) and reports each figure's
+median over the rounds, a ratio as the median of each round's own ratio, and under ``range`` its
+lowest and highest; single runs of the long-tail set moved by ±0.1 in
+``speedup_stream_vs_batch`` on one machine (docs/results.md). ``--decode-delay-ms`` slows the hf
+generator's every decode step (a slower CPU's generator). Per mode, ``learner_lent_s`` and
+``generator_borrowed_s`` say how long the learner's threads went to the generator while it
+waited (``launch.share_cores``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     gens = [json.loads(p.read_text()) for p in (run_dir / "generators").glob("*.json")]
     occupancy = [g["engine_occupancy"] for g in gens if "engine_occupancy" in g]
     out["engine_occupancy"] = statistics.fmean(occupancy) if occupancy else float("nan")
+    # cores lent by the learner while it waited, borrowed by generators (launch.share_cores)
+    out["generator_borrowed_s"] = sum(g.get("cores/borrowed_s", 0.0) for g in gens)
+    out["learner_lent_s"] = last_learner_value(run_dir, "cores/lent_s")
     hists = json.loads((run_dir / "buffer_final.json").read_text())["response_len_hist"]
     qualified, trained = (
         {int(k): v for k, v in hists[h].items()} for h in ("qualified", "trained")
@@ -76,10 +83,24 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     return out
 
 
+def last_learner_value(run_dir: Path, key: str) -> float:
+    """The learner's last reported ``key`` (0.0 when it never reported one)."""
+    value = 0.0
+    path = run_dir / "metrics" / "learner.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            value = float(json.loads(line).get(key, value))
+        except ValueError:
+            continue  # a line cut by a crash
+    return value
+
+
 def round_runner(args: argparse.Namespace, steps: int, root: Path) -> Callable[..., dict]:
     """``run(name, *overrides)``: one job of a round in ``root/name``, ``steps`` steps, the
     command line's overrides, figures from step 1 + max_staleness on (the steady state)."""
     base = [f"learner.num_steps={steps}", "tracking.aim=false", *args.overrides]
+    if args.decode_delay_ms:
+        base.append(f"generator.decode_delay_s={args.decode_delay_ms / 1000}")
     return lambda name, *o: run_job(args.config, [*base, *o], root / name, 1 + args.staleness)
 
 
@@ -98,6 +119,8 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         out[f"learner_idle_{name}"] = r["learner_idle"]
         out[f"engine_occupancy_{name}"] = r["engine_occupancy"]
         out[f"heldout_after_{name}"] = r.get("heldout_after")
+        out[f"learner_lent_s_{name}"] = r["learner_lent_s"]
+        out[f"generator_borrowed_s_{name}"] = r["generator_borrowed_s"]
     for name in ("batch", "stream"):
         out[f"ks_len_{name}"], out[f"ks_p_{name}"] = res[name]["ks_len"], res[name]["ks_p"]
     out["speedup_stream_vs_batch"] = res["stream"]["samples_per_s"] / res["batch"]["samples_per_s"]
@@ -109,12 +132,19 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     return out
 
 
+def _spread(out: dict, key: str, fmt: str = ".2f") -> str:
+    """``value`` or, over several rounds, ``value (low–high)``."""
+    lo_hi = out.get("range", {}).get(key)
+    text = format(out[key], fmt)
+    return f"{text} ({lo_hi[0]:{fmt}}–{lo_hi[1]:{fmt}})" if lo_hi else text
+
+
 def longtail_summary(out: dict) -> str:
     return (
         f"longtail: sync {out['samples_per_s_sync']:.1f}, batch {out['samples_per_s_batch']:.1f}, "
         f"stream {out['samples_per_s_stream']:.1f} samples/s; stream/batch "
-        f"{out['speedup_stream_vs_batch']:.2f}x; learner idle stream "
-        f"{out['learner_idle_stream']:.2f}; occupancy batch {out['engine_occupancy_batch']:.2f} "
+        f"{_spread(out, 'speedup_stream_vs_batch')}x; learner idle stream "
+        f"{_spread(out, 'learner_idle_stream')}; occupancy batch {out['engine_occupancy_batch']:.2f} "
         f"stream {out['engine_occupancy_stream']:.2f}; KS(trained vs qualified lengths) stream "
         f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
     )
@@ -135,6 +165,10 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "sync_learner_idle": sync["learner_idle"],
         "async_learner_idle": asyn["learner_idle"],
         "async_staleness_mean": asyn["staleness_mean"],
+        "sync_learner_lent_s": sync["learner_lent_s"],
+        "async_learner_lent_s": asyn["learner_lent_s"],
+        "sync_generator_borrowed_s": sync["generator_borrowed_s"],
+        "async_generator_borrowed_s": asyn["generator_borrowed_s"],
         "heldout_before": sync.get("heldout_before"),
         "sync_heldout_after": sync.get("heldout_after"),
         "async_heldout_after": asyn.get("heldout_after"),
@@ -147,21 +181,24 @@ def default_summary(out: dict) -> str:
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
-        f"{out['async_learner_idle']:.2f}); speedup {out['speedup']:.2f}x"
+        f"{_spread(out, 'async_learner_idle')}); speedup {_spread(out, 'speedup')}x"
     )
 
 
 def median_of_rounds(rounds: list[dict]) -> dict:
     """One result from several rounds: each number is the median over the rounds (a ratio is
-    the median of each round's own ratio, measured within that round); lists and names come
-    from the first round; every round's result is kept under ``rounds``."""
+    the median of each round's own ratio, measured within that round) and ``range[key]`` its
+    [lowest, highest]; lists and names come from the first round; every round's result is kept
+    under ``rounds``."""
     out = dict(rounds[0])
     if len(rounds) == 1:
         return out
+    out["range"] = {}
     for key, value in rounds[0].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             values = [r[key] for r in rounds if isinstance(r.get(key), (int, float))]
             out[key] = statistics.median(values)
+            out["range"][key] = [min(values), max(values)]
     out["run_dirs"] = [d for r in rounds for d in r["run_dirs"]]
     out["rounds"] = rounds
     return out

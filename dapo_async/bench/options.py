@@ -64,8 +64,16 @@ def _async(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rounds",
         type=int,
-        default=1,
-        help="repeat the set of runs; figures are medians over rounds of each round's own ratio",
+        default=3,
+        help="repeat the set of runs (default 3); figures are medians over rounds of each "
+        "round's own ratio, with their range",
+    )
+    p.add_argument(
+        "--decode-delay-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long in each decode step of the hf generator: a slower CPU's "
+        "generator (generator.decode_delay_s)",
     )
     p.add_argument(
         "--workload",

@@ -58,6 +58,18 @@ class GeneratorConfig:
         16, "stream, hf engine: decode steps per chunk (new weights and new prompts between).", ge=1
     )
 
+    lean_decode: bool = F(
+        True,
+        "stream, hf engine: decode steps of Llama-shaped models (Llama, Qwen2) run the lean step "
+        "of engines/hf_decode.py (transformers' math without its module plumbing); false: "
+        "transformers' forward.",
+    )
+    decode_delay_s: float = F(
+        0.0,
+        "Benchmarks only: seconds the hf engine sleeps in each model forward (one per decode "
+        "step), standing in for a slower CPU (`bench async --decode-delay-ms`). 0 = off.",
+        ge=0,
+    )
     refill_at: float = F(
         -1.0,
         "stream: lease new prompts once the sequences in flight fall to this fraction of "
@@ -85,6 +97,11 @@ class GeneratorConfig:
             "must be 0 or >= responses_per_prompt (one whole group)",
         )
         _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
+        _need(
+            self.decode_delay_s == 0 or self.engine == "hf",
+            f"{p}.decode_delay_s",
+            "is for the hf engine only (vLLM's forward runs in its own workers)",
+        )
 
 
 @dataclass

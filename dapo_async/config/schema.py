@@ -19,12 +19,14 @@ from dapo_async.config.fields import (
     _need,
     check_fields,
 )
+from dapo_async.config.launch import LaunchConfig
 from dapo_async.config.learner import LearnerConfig
 from dapo_async.config.rollout import EvalConfig, GeneratorConfig, RewardConfig, check_eval_fits
 
 __all__ = [
     "EvalConfig",
     "GeneratorConfig",
+    "LaunchConfig",
     "LearnerConfig",
     "RewardConfig",
 ]  # with the sections defined here
@@ -300,43 +302,6 @@ class TrackingConfig:
     tags: list = F([], "Aim tags of every role's run (tune tags its points with KEY=VALUE).")
     experiment: str = F("", "Aim experiment name; empty = the run name.")
     log_every: int = F(1, "Print a status line every N learner steps.", ge=1)
-
-
-@dataclass
-class LaunchConfig:
-    host: str = F(
-        "127.0.0.1",
-        "Address the buffer binds to (non-loopback needs CurveZMQ keys), and the host of the "
-        "weight-sync store when weight_sync.endpoint is empty.",
-        nonempty=True,
-    )
-    auth: bool = F(
-        True,
-        "Authenticate every ZeroMQ link with CurveZMQ (per-run keys when curve_keys_dir is "
-        "empty), loopback included; the buffer accepts each message kind only from the role "
-        "that may send it. false: no authentication (loopback binds only).",
-    )
-    curve_keys_dir: str = F(
-        "",
-        "Directory made by `dapo-async keys` (shared by hosts of one run); empty = the run's "
-        "own keys in <run_dir>/keys (with launch.auth).",
-    )
-    insecure_allow_public_bind: bool = F(
-        False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
-    )
-    buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
-    torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).", ge=1)
-    restart_roles: bool = F(
-        True,
-        "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "
-        "that dies (from its latest checkpoint) instead of ending the run.",
-    )
-    allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
-    max_restarts: int = F(
-        10, "Most restarts of one role within launch.restart_window_s; more ends the run.", ge=0
-    )
-    restart_window_s: float = F(600.0, "Window of launch.max_restarts, seconds.", gt=0)
-    shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.", gt=0)
 
 
 @dataclass

@@ -37,6 +37,8 @@ class HFEngine:
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
         )
         self.version = 0
+        # stream decode steps through engines/hf_decode.py where the architecture allows
+        self.lean_decode = True
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -123,7 +125,7 @@ class HFEngine:
         weights given to ``update_weights`` reach it between chunks."""
         from dapo_async.engines.hf_stream import HFStream
 
-        return HFStream(self, chunk_tokens, reset_kv=reset_kv, seed=seed)
+        return HFStream(self, chunk_tokens, reset_kv=reset_kv, seed=seed, lean=self.lean_decode)
 
     def close(self) -> None:
         pass

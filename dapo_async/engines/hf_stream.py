@@ -4,7 +4,8 @@ weights are taken between chunks of ``chunk_tokens`` decode steps.
     add_request(id, prompt, params) ─► pending
     step():  pending? prefill them, merge into the batch's KV cache (left-padded)
              new weights and reset_kv? recompute the whole batch's KV with them
-             decode chunk_tokens tokens for every sequence (one forward per token)
+             decode chunk_tokens tokens for every sequence (one forward per token: the lean
+             step of ``hf_decode.py`` for Llama-shaped models, else transformers' forward)
              finished sequences leave the batch (their cache rows are dropped);
              a request whose n sequences are all finished is returned
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from dapo_async.engines.base import Completion, SamplingParams
+from dapo_async.engines.hf_decode import LeanDecode
 from dapo_async.engines.sampling import sample
 
 # Mid-chunk, finished rows leave the batch once they are 1/DROP_FINISHED_AT of it (each drop
@@ -88,8 +90,12 @@ class _Seq:
 class HFStream:
     """The running batch over an ``HFEngine``'s model (see the module docstring)."""
 
-    def __init__(self, engine, chunk_tokens: int, reset_kv: bool = False, seed: int = 0):
+    def __init__(
+        self, engine, chunk_tokens: int, reset_kv: bool = False, seed: int = 0, lean: bool = True
+    ):
         self.engine = engine
+        # decode steps without transformers' plumbing where the architecture allows
+        self.lean = LeanDecode(engine.model) if lean and LeanDecode.supports(engine.model) else None
         self.chunk_tokens = chunk_tokens
         self.reset_kv = reset_kv
         self.device = torch.device(engine.device)
@@ -232,6 +238,10 @@ class HFStream:
     def _forward(self, token_B: torch.Tensor) -> None:
         self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_ones((len(token_B), 1))], dim=1)
         pos_B1 = self.mask_BT.sum(-1, keepdim=True) - 1
+        self.stats["decode_steps"] += 1
+        if self.lean is not None:
+            self.logits_BV = self.lean(token_B, pos_B1, self._attention_bias(), self.cache).float()
+            return
         out = self.engine.model(
             input_ids=token_B[:, None],
             attention_mask=self._attention_bias(),
@@ -241,7 +251,6 @@ class HFStream:
         )
         self.cache = out.past_key_values
         self.logits_BV = out.logits[:, -1].float()
-        self.stats["decode_steps"] += 1
 
     def _attention_bias(self) -> torch.Tensor:
         """The decode step's mask as a [B, 1, 1, T] additive bias (0: attend; the dtype's

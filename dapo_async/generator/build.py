@@ -4,6 +4,8 @@ assembles them into a loop; benches build the same parts (``bench generator``)."
 
 from __future__ import annotations
 
+import time
+
 import zmq
 
 from dapo_async import transport
@@ -64,5 +66,13 @@ def sampling_params(cfg):
 
 
 def engine_for(cfg, path: str):
-    """The configured engine (generator.engine) over ``path``."""
-    return make_engine(cfg.generator.engine, path, cfg.generator.dtype, vllm_cfg=cfg, seed=cfg.seed)
+    """The configured engine (generator.engine) over ``path``; with ``generator.decode_delay_s``
+    (benchmarks: a slower CPU), the hf model sleeps that long in each forward."""
+    g = cfg.generator
+    engine = make_engine(g.engine, path, g.dtype, vllm_cfg=cfg, seed=cfg.seed)
+    if g.engine == "hf":
+        engine.lean_decode = g.lean_decode
+    if g.decode_delay_s > 0 and g.engine == "hf":
+        delay = g.decode_delay_s
+        engine.model.register_forward_pre_hook(lambda *_: time.sleep(delay))
+    return engine

@@ -43,6 +43,7 @@ class GeneratorLoop(GeneratorSession):
         if not self.keep_in_touch():
             return False
         t_wait = time.monotonic()
+        self.cores_waiting()
         grant = self.lease(stop)
         if grant is None or not grant.prompt_ids:
             wait = min(grant.wait_s if grant else 0.1, MAX_IDLE_WAIT_S)
@@ -51,6 +52,7 @@ class GeneratorLoop(GeneratorSession):
             return False
         self._await_weights(grant.min_version, stop)
         self.time_idle += time.monotonic() - t_wait
+        self.cores_working()
         groups, t_gen = self.rollout(grant)
         self.send_groups(groups)
         self.pump(0.0)
@@ -104,6 +106,7 @@ class GeneratorLoop(GeneratorSession):
             "generator/groups_sent": float(self.counters["groups_sent"]),
         }
         out.update(self.reward_metrics(groups))
+        out.update(self.cores_metrics())
         return out
 
     def _await_weights(self, min_version: int, stop) -> None:

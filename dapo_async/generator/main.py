@@ -15,6 +15,7 @@ import uuid
 
 import zmq
 
+from dapo_async import cores
 from dapo_async.config import load_config
 from dapo_async.config.paths import check_model_dirs
 from dapo_async.generator.build import (
@@ -55,12 +56,16 @@ def main(args: argparse.Namespace) -> int:
     sock = connect_buffer(ctx, cfg, endpoint, gen_id)
     tracker = Tracker.for_role(cfg, gen_id)
     g = cfg.generator
+    share = cores.for_role(cfg, gen_id, g.engine)
+    if share is not None:  # at every decode step: a lender that woke up gets its core back
+        engine.model.register_forward_pre_hook(share.forward_hook)
     args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,
         # step = the weights version the engine holds (wall time is each record's "time")
         on_metrics=lambda m: tracker.track(m, engine.version),
         engine_name=g.engine,
+        cores=share,
     )
     if g.mode == "stream":
         stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
@@ -84,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
         weights.close()
         tracker.close()
         engine.close()
+        if share is not None:
+            share.close()
     # final counters for operators and tests, one file per generator process
     atomic_write_json(run_dir / "generators" / f"{gen_id}.json", counters)
     log.info("stopped: %s", counters)

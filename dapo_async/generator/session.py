@@ -24,6 +24,7 @@ import numpy as np
 import zmq
 
 from dapo_async import protocol, transport
+from dapo_async.cores import CoreShare
 from dapo_async.engines.base import Engine, SamplingParams
 from dapo_async.generator.rollout import make_group
 from dapo_async.generator.scoring import Scorer
@@ -62,6 +63,7 @@ class GeneratorSession:
         poll_weights: Callable[[], None] | None = None,
         on_metrics: Callable[[dict[str, float]], None] | None = None,
         engine_name: str = "hf",
+        cores: CoreShare | None = None,
     ):
         self.id = generator_id
         self.engine = engine
@@ -75,6 +77,8 @@ class GeneratorSession:
         self.poll_weights = poll_weights
         self.on_metrics = on_metrics
         self.engine_name = engine_name
+        self.cores = cores  # this host's core ledger (``dapo_async.cores``), or None
+        self._idle_seen = (0.0, time.monotonic())  # (time_idle, when) at the last observation
         self.seq = 0
         self.outbox: OrderedDict[protocol.GroupId, tuple[protocol.Group, float]] = OrderedDict()
         self._grant: protocol.LeaseGrant | None = None
@@ -180,6 +184,29 @@ class GeneratorSession:
         self.resend()
         return True
 
+    # ------------------------------------------------------------------ cores
+
+    def cores_waiting(self) -> None:
+        """Blocked on the buffer or the learner: this generator's threads may be lent."""
+        if self.cores is not None:
+            self.cores.waiting()
+
+    def cores_working(self) -> None:
+        """About to compute: own threads back, plus what waiting roles on this host lend."""
+        if self.cores is not None:
+            self.cores.working()
+
+    def cores_metrics(self) -> dict[str, float]:
+        """The idle share since the last call goes into the ledger; its counters come back."""
+        if self.cores is None:
+            return {}
+        now = time.monotonic()
+        idle0, t0 = self._idle_seen
+        if now - t0 > 0:
+            self.cores.observe_idle((self.time_idle - idle0) / (now - t0))
+        self._idle_seen = (self.time_idle, now)
+        return self.cores.metrics()
+
     # ------------------------------------------------------------------ groups
 
     def score_groups(self, done: list[tuple], version: int) -> list[protocol.Group]:
@@ -245,6 +272,8 @@ class GeneratorSession:
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Before exit: wait briefly for the acks of what is still in the outbox."""
         self.counters["engine_occupancy"] = round(self.t_used / max(self.t_slots, 1e-9), 4)
+        for key, value in self.cores_metrics().items():
+            self.counters[key] = round(value, 3)
         deadline = time.monotonic() + timeout_s
         if self.outbox:
             for g, _ in list(self.outbox.values()):

@@ -67,12 +67,14 @@ class StreamLoop(GeneratorSession):
             return False
         self._refill()
         if self.stream.num_inflight == 0:
+            self.cores_waiting()
             t0 = time.monotonic()
             self.pump(LEASE_POLL_S, until=lambda: self._grant is not None)
             self.time_idle += time.monotonic() - t0
             self._report()
             return False
         live = self.stream.num_inflight
+        self.cores_working()
         t0 = time.monotonic()
         done = self.stream.step()
         dt = time.monotonic() - t0
@@ -161,6 +163,7 @@ class StreamLoop(GeneratorSession):
             out["generator/response_len_mean"] = float(np.mean(self.lens))
         if self.recent:
             out.update(self.reward_metrics(self.recent))
+        out.update(self.cores_metrics())
         return out
 
     def flush(self, *args, **kwargs) -> None:

@@ -31,7 +31,7 @@ import torch
 import zmq
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dapo_async import checkpoint_dirs, eval_snapshots, protocol, transport
+from dapo_async import checkpoint_dirs, cores, eval_snapshots, protocol, transport
 from dapo_async.algo.objectives import make_objective
 from dapo_async.data.datasets import load_heldout
 from dapo_async.devices import learner_device, local_rank, resolve_dtype
@@ -88,6 +88,7 @@ class Learner:
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
         self.idle_s = self.eval_s = 0.0
+        self.cores = None  # this host's core ledger (``dapo_async.cores``) when shared
         self.samples_done = 0
         self.t_start = time.monotonic()
 
@@ -110,6 +111,7 @@ class Learner:
             keys_dir=run_keys_dir(cfg.launch, self.run_dir),
             role="learner",
         )
+        self.cores = cores.for_role(cfg, f"learner{self.rank}")
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
             self.publisher = make_publisher(cfg, self.run_dir, self.device)
@@ -212,6 +214,8 @@ class Learner:
     def _step(self, step: int) -> bool:
         """One step; False when the run ends here (stop, the last step, the time budget)."""
         t0 = time.monotonic()
+        if self.cores is not None:  # while the data is not there, generators may use our core
+            self.cores.waiting()
         reply = fetch_batch(self.sock, step, self.rank, self.world, self.stop, self.log)
         if reply is None:
             return False
@@ -219,6 +223,8 @@ class Learner:
         self.idle_s += t_data
         groups = list(reply.batch)
         _audit(self.audit, step, groups)
+        if self.cores is not None:
+            self.cores.working()
         metrics = self.trainer.step(groups)
         last = self._is_last(step)
         every, ev_every = self.cfg.learner.checkpoint_every, self.cfg.learner.eval_every
@@ -229,6 +235,9 @@ class Learner:
         metrics["time/weight_sync_s"] = time.monotonic() - t_sync
         metrics["time/wait_data_s"] = t_data
         metrics["time/step_s"] = time.monotonic() - t0
+        if self.cores is not None:
+            self.cores.observe_idle(t_data / max(metrics["time/step_s"], 1e-9))
+            metrics.update(self.cores.metrics())
         self._throughput(metrics, reply)
         if ckpt_now:
             self.checkpoint(step)
@@ -363,6 +372,8 @@ class Learner:
             self.tracker.close()
         if self.publisher is not None:
             self.publisher.close()
+        if self.cores is not None:
+            self.cores.close()
         if self.world > 1:
             import torch.distributed as dist
 

@@ -55,6 +55,8 @@ def test_rounds_give_medians_of_each_rounds_own_ratio():
     assert out["sync_samples_per_s"] == 100.0 and out["async_samples_per_s"] == 190.0
     assert out["steps"] == 24 and out["heldout_before"] is None
     assert out["rounds"] == rounds and len(out["run_dirs"]) == 6
+    assert out["range"]["speedup"] == [1.5, 2.5]  # the spread of the rounds' own ratios
+    assert out["range"]["sync_samples_per_s"] == [80.0, 120.0]
     assert median_of_rounds(rounds[:1]) == rounds[0]
 
 
@@ -75,7 +77,8 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
         repo, cli_env, "bench", "async", f"model.path={tiny_model}",
         "buffer.groups_per_step=4", "generator.prompts_per_batch=4", "data.num_eval=16",
         "buffer.dynamic_sampling=false", "--workload", "longtail", "--steps", "4",
-        "--staleness", "1", "--out", tmp_path, "--json", timeout=900,
+        "--staleness", "1", "--rounds", "1", "--decode-delay-ms", "1", "--out", tmp_path,
+        "--json", timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -89,3 +92,8 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     assert r["response_len"]["max"] > r["response_len"]["min"]
     gen = json.loads(next((tmp_path / "stream" / "generators").glob("*.json")).read_text())
     assert "update_pause_s" in gen  # the stream loop ran
+    # the learner's core went to the generator while it waited (launch.share_cores)
+    assert r["learner_lent_s_sync"] > 0 and r["generator_borrowed_s_sync"] > 0
+    assert "cores/borrowed_s" in gen
+    cfg = (tmp_path / "stream" / "config.yaml").read_text()
+    assert "decode_delay_s: 0.001" in cfg  # the slower generator

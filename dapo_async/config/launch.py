@@ -1,0 +1,58 @@
+"""The ``launch`` section: processes, addresses, security, restarts, and how roles on one host
+share its cores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dapo_async.config.fields import F
+
+
+@dataclass
+class LaunchConfig:
+    host: str = F(
+        "127.0.0.1",
+        "Address the buffer binds to (non-loopback needs CurveZMQ keys), and the host of the "
+        "weight-sync store when weight_sync.endpoint is empty.",
+        nonempty=True,
+    )
+    auth: bool = F(
+        True,
+        "Authenticate every ZeroMQ link with CurveZMQ (per-run keys when curve_keys_dir is "
+        "empty), loopback included; the buffer accepts each message kind only from the role "
+        "that may send it. false: no authentication (loopback binds only).",
+    )
+    curve_keys_dir: str = F(
+        "",
+        "Directory made by `dapo-async keys` (shared by hosts of one run); empty = the run's "
+        "own keys in <run_dir>/keys (with launch.auth).",
+    )
+    insecure_allow_public_bind: bool = F(
+        False, "Allow a non-loopback bind without CurveZMQ (logged loudly). Do not."
+    )
+    buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
+    torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).", ge=1)
+    share_cores: bool = F(
+        True,
+        "Roles on one host lend their torch threads while they wait (the learner for data, an "
+        "hf generator for leases) to the roles there that compute (docs/architecture.md, "
+        "'Cores follow the work'); false: each keeps launch.torch_threads.",
+    )
+    lend_idle_above: float = F(
+        0.1,
+        "A waiting role lends its threads only while its recent idle ratio (moving average "
+        "over its last steps) is above this: a role that waits now and then keeps its core.",
+        ge=0,
+        le=1,
+    )
+    restart_roles: bool = F(
+        True,
+        "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "
+        "that dies (from its latest checkpoint) instead of ending the run.",
+    )
+    allow_generator_restarts: bool = F(True, "Restart a generator that dies instead of failing.")
+    max_restarts: int = F(
+        10, "Most restarts of one role within launch.restart_window_s; more ends the run.", ge=0
+    )
+    restart_window_s: float = F(600.0, "Window of launch.max_restarts, seconds.", gt=0)
+    shutdown_timeout_s: float = F(20.0, "Grace period before roles are killed on shutdown.", gt=0)

@@ -1,0 +1,128 @@
+"""One decode step of a Llama-shaped model (Llama, Qwen2) without transformers' module plumbing:
+the same math as ``LlamaForCausalLM.forward`` for one new token per row, in a dozen tensor calls
+per layer, with q/k/v and gate/up each fused into one matrix product.
+
+On a CPU the tiny and small models this project decodes spend about as long in Python (module
+calls, keyword plumbing, per-call rotary tables) as in kernels; ``HFStream`` runs its decode
+steps here when the model qualifies (``LeanDecode.supports``) and keeps transformers' forward for
+prefills and for every other architecture.
+
+    token_B, pos_B1, bias_B11T, cache ─► embed ─► per layer: rmsnorm → qkv (one GEMM) → rotary
+        → cache.update (the stream's in-place KV buffers) → SDPA → o_proj → +residual → rmsnorm
+        → gate|up (one GEMM) → silu·up → down → +residual ─► norm ─► lm_head ─► logits_BV
+
+The fused matrices are copies: they are rebuilt whenever a source weight changed in place
+(``Tensor._version``, which ``load_state_dict`` bumps), so new weights are never missed. The
+model's forward pre-hooks run before each step, as they would around ``model(...)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Architectures whose decoder layer is exactly: rmsnorm, attention with rotary (q/k/v with
+# optional bias), residual, rmsnorm, SwiGLU MLP, residual.
+SUPPORTED = ("llama", "qwen2")
+
+
+def _rms(x, weight, eps):
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LeanDecode:
+    """``__call__(token_B, pos_B1, bias_B11T, cache) -> logits_BV`` for one decode step."""
+
+    @staticmethod
+    def supports(model) -> bool:
+        c = model.config
+        rope = getattr(c, "rope_parameters", None) or {"rope_type": "default"}
+        return (
+            c.model_type in SUPPORTED
+            and rope.get("rope_type", "default") == "default"
+            and getattr(c, "hidden_act", "") == "silu"
+            and getattr(c, "pretraining_tp", 1) == 1
+            and not getattr(c, "use_sliding_window", False)
+            and not getattr(c, "mlp_bias", False)
+            and hasattr(model, "lm_head")
+        )
+
+    def __init__(self, model):
+        c = model.config
+        self.model = model
+        self.base = model.model
+        self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
+        self.scale = self.head_dim**-0.5
+        self.eps = c.rms_norm_eps
+        theta = c.rope_parameters["rope_theta"]
+        dim = self.head_dim
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self._params = list(model.parameters())  # load_state_dict copies into these in place
+        self._built_at = None
+        self.layers: list[tuple] = []
+
+    def _stamp(self) -> int:
+        """Changes whenever any weight changed in place (load_state_dict, an optimizer)."""
+        return sum(p._version for p in self._params)
+
+    def _build(self) -> None:
+        layers = []
+        for layer in self.base.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            qkv_b = None if biases[0] is None else torch.cat(biases)
+            gu_w = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+            layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    qkv_w,
+                    qkv_b,
+                    a.o_proj.weight,
+                    a.o_proj.bias,
+                    layer.post_attention_layernorm.weight,
+                    gu_w,
+                    m.down_proj.weight,
+                )
+            )
+        self.layers = layers
+
+    @torch.no_grad()
+    def __call__(self, token_B, pos_B1, bias_B11T, cache) -> torch.Tensor:
+        for hook in self.model._forward_pre_hooks.values():
+            hook(self.model, ())
+        stamp = self._stamp()
+        if stamp != self._built_at:
+            self._build()
+            self._built_at = stamp
+        B = token_B.shape[0]
+        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        h = F.embedding(token_B[:, None], self.base.embed_tokens.weight)  # [B, 1, hidden]
+        if self.inv_freq.device != h.device:
+            self.inv_freq = self.inv_freq.to(h.device)
+        freqs = pos_B1[..., None].float() * self.inv_freq  # [B, 1, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(h.dtype)[:, None], emb.sin().to(h.dtype)[:, None]  # [B,1,1,D]
+        for i, (w_in, qkv_w, qkv_b, o_w, o_b, w_post, gu_w, down_w) in enumerate(self.layers):
+            x = _rms(h, w_in, self.eps)
+            qk, v = F.linear(x, qkv_w, qkv_b).split([(H + KV) * D, KV * D], dim=-1)
+            q, k = _rotate(qk.view(B, 1, H + KV, D).transpose(1, 2), cos, sin).split([H, KV], 1)
+            v = v.view(B, 1, KV, D).transpose(1, 2)
+            k_all, v_all = cache.update(k, v, i)
+            att = F.scaled_dot_product_attention(
+                q, k_all, v_all, attn_mask=bias_B11T, scale=self.scale, enable_gqa=KV != H
+            )
+            h = h + F.linear(att.transpose(1, 2).reshape(B, 1, H * D), o_w, o_b)
+            gate, up = F.linear(_rms(h, w_post, self.eps), gu_w).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, down_w)
+        h = _rms(h, self.base.norm.weight, self.eps)
+        return F.linear(h[:, -1], self.model.lm_head.weight, self.model.lm_head.bias)
