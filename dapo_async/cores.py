@@ -1,13 +1,13 @@
 """Cores follow the work: roles that share a machine lend their torch threads while they wait.
 
 Each role on a host (the learner, each generator) holds a ``CoreShare`` over one small record
-file in ``<run_dir>/cores/`` (host name, pid, threads it owns, whether it is waiting now, its
-recent idle ratio). A role marks itself waiting when it blocks for the other side (the learner
+file in ``<run_dir>/cores/`` (host name, pid, threads it owns, whether and since when it is
+waiting, its recent idle ratio). A role marks itself waiting when it blocks for the other side (the learner
 for its batch, a generator for a lease or for weights) and working when it has compute to do;
-at each working mark it takes its own threads plus a share of the threads of every role on the
-same host that is waiting *and* whose recent idle ratio is above ``lend_idle_above`` (a role
-that waits only now and then keeps its core: a thread-count change is not free, and a role
-about to wake up would find its core taken).
+at each working mark (and before every forward of the modules it ``watch``es) it takes its own
+threads plus a share of the threads of every role on the same host that has been waiting for
+``MIN_LEND_WAIT_S`` *and* whose recent idle ratio is above ``lend_idle_above`` (a role that
+waits only now and then keeps its core: a role about to wake up would find it taken).
 
     learner:    waiting() ── fetch batch ── working() ── train step ── observe_idle(wait/step)
     generator:  waiting() ── lease / weights ── working() ── decode chunk(s) ── observe_idle(..)
@@ -34,6 +34,10 @@ from pathlib import Path
 PEER_SCAN_S = 1.0
 # Weight of the newest observation in the idle ratio's moving average (about the last 3 steps).
 IDLE_EMA_WEIGHT = 0.3
+# A peer's threads are borrowed only once it has waited this long: a generator between two
+# decode batches waits a few milliseconds, and a learner that took its core then would compute
+# on it long after the generator resumed (roles re-check at every forward, not continuously).
+MIN_LEND_WAIT_S = 0.05
 # A record's fixed size: rewritten in place with one pwrite, so a reader never sees a file
 # shorter than a whole record (a torn read fails to parse and is skipped until the next).
 RECORD_BYTES = 192
@@ -72,6 +76,7 @@ class CoreShare:
         self._peers: dict[str, int] = {}  # name -> open fd of its record
         self._scanned = 0.0
         self._since = time.monotonic()  # when the current state (and thread count) began
+        self._waiting_since = 0.0
         self.counters = {"borrowed_s": 0.0, "lent_s": 0.0, "switches": 0}
         self._fd = os.open(self.dir / name, os.O_RDWR | os.O_CREAT, 0o600)
         self._write()
@@ -79,10 +84,12 @@ class CoreShare:
     # ------------------------------------------------------------------ marks
 
     def waiting(self) -> None:
-        """This role blocks on the other side now; its threads may be lent."""
+        """This role blocks on the other side now; its threads may be lent (threads it
+        borrowed stay set until its next ``working``: they compute nothing meanwhile)."""
         if not self.is_waiting:
             self._account()
             self.is_waiting = True
+            self._waiting_since = time.time()  # wall clock: peers compare it with theirs
             self._write()
 
     def working(self) -> int:
@@ -99,10 +106,15 @@ class CoreShare:
             self.counters["switches"] += 1
         return want
 
-    def forward_hook(self, module, args) -> None:
-        """A model forward pre-hook: ``working()`` before each decode step (returns None, so
-        the forward's arguments stay as they are)."""
-        self.working()
+    def watch(self, modules) -> None:
+        """Call ``working()`` before every forward of each of ``modules`` (the generator's
+        model: once per decode step; the learner's decoder layers: a few times per micro-batch),
+        so a lender that woke up has its threads back within one of them."""
+        for m in modules:
+            m.register_forward_pre_hook(self._forward_hook)
+
+    def _forward_hook(self, module, args) -> None:
+        self.working()  # returns None: the forward's arguments stay as they are
 
     def observe_idle(self, ratio: float) -> None:
         """The share of the last step (or report period) this role spent waiting."""
@@ -140,7 +152,7 @@ class CoreShare:
     def _account(self) -> None:
         now = time.monotonic()
         dt, self._since = now - self._since, now
-        if self.threads > self.own:
+        if self.threads > self.own and not self.is_waiting:  # computing on lent threads
             self.counters["borrowed_s"] += dt
         if self.lends:
             self.counters["lent_s"] += dt
@@ -151,6 +163,7 @@ class CoreShare:
             "pid": os.getpid(),
             "threads": self.own,
             "waiting": self.is_waiting,
+            "since": round(self._waiting_since, 3),
             "idle": round(self.idle_ema, 4),
         }
         data = json.dumps(rec).encode()
@@ -184,6 +197,7 @@ class CoreShare:
         """This role's share of the threads waiting peers on this host lend."""
         self._scan()
         lent = working = 0
+        now = time.time()
         for name, fd in sorted(self._peers.items()):
             rec = self._read(fd)
             if rec is None:
@@ -191,10 +205,13 @@ class CoreShare:
             if not _alive(int(rec.get("pid", 0))):  # a role that died: its record goes too
                 (self.dir / name).unlink(missing_ok=True)
                 continue
-            if rec.get("waiting") and float(rec.get("idle", 0)) > self.lend_idle_above:
-                lent += int(rec.get("threads", 0))
-            elif not rec.get("waiting"):
+            if not rec.get("waiting"):
                 working += 1
+            elif (
+                float(rec.get("idle", 0)) > self.lend_idle_above
+                and now - float(rec.get("since", now)) >= MIN_LEND_WAIT_S
+            ):
+                lent += int(rec.get("threads", 0))
         return lent // (working + 1)
 
 
@@ -202,6 +219,13 @@ def _torch_set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def decoder_layers(model) -> list:
+    """The transformer blocks of a transformers model (``*DecoderLayer``), or the model itself
+    when it names none."""
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    return layers or [model]
 
 
 def for_role(cfg, name: str, engine: str = "hf") -> CoreShare | None:

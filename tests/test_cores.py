@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from dapo_async.cores import IDLE_EMA_WEIGHT, RECORD_BYTES, CoreShare
+from dapo_async.cores import (
+    IDLE_EMA_WEIGHT,
+    MIN_LEND_WAIT_S,
+    RECORD_BYTES,
+    CoreShare,
+    decoder_layers,
+)
 
 
 class Threads:
@@ -40,6 +46,8 @@ def test_an_idle_learner_lends_its_thread_and_takes_it_back_when_its_batch_arriv
     idle(learner, 0.5)  # waits half of every step
     assert learner.idle_ema > 0.1
     learner.waiting()  # asks the buffer for its batch
+    assert gen.working() == 1  # a wait of a few milliseconds lends nothing yet
+    time.sleep(MIN_LEND_WAIT_S)
     assert gen.working() == 2 and gen_threads.calls == [2]
     time.sleep(0.05)
     learner.working()  # the batch arrived: the core goes back
@@ -73,6 +81,7 @@ def test_lent_threads_are_split_among_working_roles_never_oversubscribed(tmp_pat
     b, _ = share(tmp_path, "gen1")
     idle(learner, 0.6)
     learner.waiting()
+    time.sleep(MIN_LEND_WAIT_S)
     b.working()  # b is a working peer of a, and a of b
     assert a.working() == 2 and b.working() == 2  # 2 lent threads, one each
     c, _ = share(tmp_path, "gen2")
@@ -86,9 +95,11 @@ def test_records_of_dead_processes_and_other_hosts_lend_nothing(tmp_path):
     d = tmp_path / "cores"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    rec = {"host": gen.host, "pid": int(dead.stdout), "threads": 4, "waiting": True, "idle": 0.9}
+    rec = {"host": gen.host, "pid": int(dead.stdout), "threads": 4, "waiting": True, "idle": 0.9,
+           "since": 0.0}  # fmt: skip
     (d / "learner-dead").write_bytes(json.dumps(rec).encode().ljust(RECORD_BYTES))
-    rec = {"host": "elsewhere", "pid": os.getpid(), "threads": 4, "waiting": True, "idle": 0.9}
+    rec = {"host": "elsewhere", "pid": os.getpid(), "threads": 4, "waiting": True, "idle": 0.9,
+           "since": 0.0}  # fmt: skip
     (d / "learner-remote").write_bytes(json.dumps(rec).encode().ljust(RECORD_BYTES))
     (d / "garbage").write_bytes(b"\x00\xff not json")
     assert gen.working() == 1
@@ -136,3 +147,28 @@ def test_a_generator_process_really_runs_on_the_lent_threads(tmp_path):
         proc.kill()
     assert out.split("]")[0] + "]" == "[1, 2]", out
     assert float(out.split("]")[1]) >= 1
+
+
+def test_watched_layers_check_the_ledger_at_every_forward(tmp_path):
+    """The learner's decoder layers (and a generator's model) call working() in each forward,
+    so a peer that went back to work gets its thread back mid-step."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg)
+    layers = decoder_layers(model)
+    assert len(layers) == 3 and all(type(m).__name__ == "LlamaDecoderLayer" for m in layers)
+    gen, _ = share(tmp_path, "gen0")
+    learner, learner_threads = share(tmp_path, "learner0")
+    learner.watch(layers)
+    idle(gen, 0.5)
+    gen.waiting()
+    time.sleep(MIN_LEND_WAIT_S)
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert learner.threads == 2
+    gen.working()  # the generator resumed: the next layer's forward gives its thread back
+    time.sleep(0.01)
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert learner.threads == 1 and learner_threads.calls == [2, 1]

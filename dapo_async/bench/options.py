@@ -38,6 +38,13 @@ def _buffer(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=32, help="groups per batched message")
 
 
+def _decoder(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=LONGTAIL_CONFIG, help=f"the run config ({LONGTAIL_CONFIG})")
+    p.add_argument("--seconds", type=float, default=None, help="stream time per measurement (4)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    p.add_argument("overrides", nargs="*", help="dotted config overrides")
+
+
 def _transport(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=None, help="time per measurement (2)")
     _buffer(p)  # the same batching as the buffer bench
@@ -177,6 +184,7 @@ BENCHES: dict[str, Bench] = {
     "transport": _bench("transport", "protocol path vs raw ZeroMQ", _transport),
     "buffer": _bench("buffer", "buffer ingest/serve rates and memory", _buffer),
     "generator": _bench("generator", "generator loop vs its bare engine", _generator),
+    "decoder": _bench("decoder", "the hf stream decoder against its forward rate", _decoder),
     "weights": _bench("weights", "bucketed weight sync vs one flat broadcast", _weights),
     "async": _bench("async", "synchronous vs asynchronous training samples/s", _async),
     "ablation": _bench("ablation", "DAPO vs naive GRPO (and its components) over seeds", _ablation),

@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
     g = cfg.generator
     share = cores.for_role(cfg, gen_id, g.engine)
     if share is not None:  # at every decode step: a lender that woke up gets its core back
-        engine.model.register_forward_pre_hook(share.forward_hook)
+        share.watch([engine.model])
     args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,

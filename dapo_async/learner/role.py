@@ -112,6 +112,8 @@ class Learner:
             role="learner",
         )
         self.cores = cores.for_role(cfg, f"learner{self.rank}")
+        if self.cores is not None:  # re-checked at every decoder layer's forward
+            self.cores.watch(cores.decoder_layers(self.model))
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
             self.publisher = make_publisher(cfg, self.run_dir, self.device)
