@@ -39,9 +39,11 @@ class LaunchConfig:
         "'Cores follow the work'); false: each keeps launch.torch_threads.",
     )
     lend_idle_above: float = F(
-        0.1,
+        0.5,
         "A waiting role lends its threads only while its recent idle ratio (moving average "
-        "over its last steps) is above this: a role that waits now and then keeps its core.",
+        "over its last steps) is above this: a role that waits now and then keeps its core "
+        "(at 0.1 the main job's asynchronous run lost ~12% samples/s to the switching; at 0.5 "
+        "a synchronous run's idle side still lends: docs/results.md).",
         ge=0,
         le=1,
     )
