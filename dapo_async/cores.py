@@ -71,6 +71,7 @@ class CoreShare:
         self._set_threads = set_threads or _torch_set_threads
         self.host = socket.gethostname()
         self.idle_ema = 0.0
+        self._observed = False
         self.is_waiting = False
         self.threads = threads
         self._peers: dict[str, int] = {}  # name -> open fd of its record
@@ -119,6 +120,8 @@ class CoreShare:
     def observe_idle(self, ratio: float) -> None:
         """The share of the last step (or report period) this role spent waiting."""
         ratio = min(max(float(ratio), 0.0), 1.0)
+        if not self._observed:  # the first observation is the whole average so far
+            self.idle_ema, self._observed = ratio, True
         self.idle_ema += IDLE_EMA_WEIGHT * (ratio - self.idle_ema)
         self._write()
 

@@ -69,8 +69,10 @@ def test_a_role_that_waits_now_and_then_keeps_its_core(tmp_path):
 
 def test_the_idle_ratio_is_a_moving_average_of_the_last_steps(tmp_path):
     learner, _ = share(tmp_path, "learner0")
-    learner.observe_idle(1.0)
-    assert learner.idle_ema == pytest.approx(IDLE_EMA_WEIGHT)
+    learner.observe_idle(0.8)  # the first step's share is the average so far
+    assert learner.idle_ema == pytest.approx(0.8)
+    learner.observe_idle(0.0)
+    assert learner.idle_ema == pytest.approx(0.8 * (1 - IDLE_EMA_WEIGHT))
     learner.observe_idle(7.0)  # clamped to [0, 1]
     assert 0 < learner.idle_ema <= 1
 
