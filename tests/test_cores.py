@@ -47,7 +47,7 @@ def test_an_idle_learner_lends_its_thread_and_takes_it_back_when_its_batch_arriv
     assert learner.idle_ema > 0.1
     learner.waiting()  # asks the buffer for its batch
     assert gen.working() == 1  # a wait of a few milliseconds lends nothing yet
-    time.sleep(MIN_LEND_WAIT_S)
+    time.sleep(MIN_LEND_WAIT_S + 0.02)  # past the minimum wait (its time is rounded to 1 ms)
     assert gen.working() == 2 and gen_threads.calls == [2]
     time.sleep(0.05)
     learner.working()  # the batch arrived: the core goes back
@@ -83,7 +83,7 @@ def test_lent_threads_are_split_among_working_roles_never_oversubscribed(tmp_pat
     b, _ = share(tmp_path, "gen1")
     idle(learner, 0.6)
     learner.waiting()
-    time.sleep(MIN_LEND_WAIT_S)
+    time.sleep(MIN_LEND_WAIT_S + 0.02)  # past the minimum wait (its time is rounded to 1 ms)
     b.working()  # b is a working peer of a, and a of b
     assert a.working() == 2 and b.working() == 2  # 2 lent threads, one each
     c, _ = share(tmp_path, "gen2")
@@ -167,7 +167,7 @@ def test_watched_layers_check_the_ledger_at_every_forward(tmp_path):
     learner.watch(layers)
     idle(gen, 0.5)
     gen.waiting()
-    time.sleep(MIN_LEND_WAIT_S)
+    time.sleep(MIN_LEND_WAIT_S + 0.02)  # past the minimum wait (its time is rounded to 1 ms)
     model(input_ids=torch.tensor([[1, 2, 3]]))
     assert learner.threads == 2
     gen.working()  # the generator resumed: the next layer's forward gives its thread back
