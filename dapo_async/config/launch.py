@@ -33,10 +33,11 @@ class LaunchConfig:
     buffer_endpoint: str = F("", "Endpoint generators and learners connect to; empty = local.")
     torch_threads: int = F(1, "torch threads per process (1 when roles share few cores).", ge=1)
     share_cores: bool = F(
-        True,
+        False,
         "Roles on one host lend their torch threads while they wait (the learner for data, an "
         "hf generator for leases) to the roles there that compute (docs/architecture.md, "
-        "'Cores follow the work'); false: each keeps launch.torch_threads.",
+        "'Cores follow the work'). Off by default: on a 2-core CPU it sped up synchronous runs "
+        "and slowed the main job's asynchronous one (docs/results.md).",
     )
     lend_idle_above: float = F(
         0.5,
