@@ -76,7 +76,8 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     out = run_cli(
         repo, cli_env, "bench", "async", f"model.path={tiny_model}",
         "buffer.groups_per_step=4", "generator.prompts_per_batch=4", "data.num_eval=16",
-        "buffer.dynamic_sampling=false", "--workload", "longtail", "--steps", "4",
+        "buffer.dynamic_sampling=false", "launch.share_cores=true", "--workload", "longtail",
+        "--steps", "4",
         "--staleness", "1", "--rounds", "1", "--decode-delay-ms", "1", "--out", tmp_path,
         "--json", timeout=900,
     )  # fmt: skip
