@@ -43,8 +43,8 @@ class LaunchConfig:
         0.5,
         "A waiting role lends its threads only while its recent idle ratio (moving average "
         "over its last steps) is above this: a role that waits now and then keeps its core "
-        "(at 0.1 the main job's asynchronous run lost ~12% samples/s to the switching; at 0.5 "
-        "a synchronous run's idle side still lends: docs/results.md).",
+        "(0.5: a synchronous run's learner lends, the main job's asynchronous learner, idle "
+        "0.2-0.3, does not).",
         ge=0,
         le=1,
     )
