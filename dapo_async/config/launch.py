@@ -37,7 +37,7 @@ class LaunchConfig:
         "Roles on one host lend their torch threads while they wait (the learner for data, an "
         "hf generator for leases) to the roles there that compute (docs/architecture.md, "
         "'Cores follow the work'). Off by default: on a 2-core CPU it sped up synchronous runs "
-        "and slowed the main job's asynchronous one (docs/results.md).",
+        "~20%; its effect on asynchronous ones is not settled (docs/results.md).",
     )
     lend_idle_above: float = F(
         0.5,
