@@ -316,6 +316,8 @@ def test_member_killed_while_the_group_forms_costs_the_formation_bound_not_the_t
         pub.close()
     assert doomed.exitcode == -signal.SIGKILL, "the doomed member did not die mid-formation"
     assert got == ("good", 1, True)
-    assert pub.errors >= 1 and pub.stats["reforms"] >= 2
+    # the failed formation is counted; how many re-forms it took depends on when the death
+    # was seen (a loaded machine may already leave the dead member out of the next epoch)
+    assert pub.errors >= 1 and pub.stats["reforms"] >= 1
     assert took < 60, f"the survivor waited {took:.0f}s"
     print(f"member killed mid-formation cost {took:.1f}s (collective timeout 120 s)")
