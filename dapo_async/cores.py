@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dapo_async.utils import pid_alive
+
 # How often a role looks for peers that started or died (listing the directory every decode
 # chunk would cost more than the chunk's bookkeeping).
 PEER_SCAN_S = 1.0
@@ -41,16 +43,6 @@ MIN_LEND_WAIT_S = 0.05
 # A record's fixed size: rewritten in place with one pwrite, so a reader never sees a file
 # shorter than a whole record (a torn read fails to parse and is skipped until the next).
 RECORD_BYTES = 192
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CoreShare:
@@ -205,7 +197,7 @@ class CoreShare:
             rec = self._read(fd)
             if rec is None:
                 continue
-            if not _alive(int(rec.get("pid", 0))):  # a role that died: its record goes too
+            if not pid_alive(int(rec.get("pid", 0))):  # a role that died: its record goes too
                 (self.dir / name).unlink(missing_ok=True)
                 continue
             if not rec.get("waiting"):

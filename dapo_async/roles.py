@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from dapo_async.utils import atomic_write_text
+from dapo_async.utils import atomic_write_text, pid_alive
 
 # How long a role waits for a peer's endpoint file before giving up.
 ENDPOINT_WAIT_S = 300.0
@@ -55,7 +55,7 @@ class StopFlag:
         stop_seen = None
         while True:
             time.sleep(WATCHDOG_PERIOD_S)
-            if not self.stop and not _alive(launcher_pid):
+            if not self.stop and not pid_alive(launcher_pid):
                 self.stop = True
                 self.reason = "launcher died"
             if self.stop:
@@ -83,17 +83,6 @@ def write_endpoint(run_dir: str | Path, name: str, endpoint: str) -> Path:
     d = Path(run_dir) / "endpoints"
     d.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(d / name, endpoint)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (the launcher may be a grandparent, e.g. under torchrun)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_endpoint(
