@@ -99,6 +99,14 @@ class DevicePlan:
             return "gloo"
         return "gloo" if self.shared else "nccl"
 
+    def generators_see_learner_gpu(self) -> bool:
+        """Whether every generator is given the GPU of learner rank 0 (where it publishes), so
+        it can open that rank's CUDA IPC handles."""
+        if self.learner is None or not self.shared or not self.generators:
+            return False
+        first = self.learner.split(",")[0]
+        return all(g is not None and first in g.split(",") for g in self.generators)
+
 
 def plan_devices(
     num_gpus: int, num_learner_ranks: int, num_generators: int, tensor_parallel: int = 1

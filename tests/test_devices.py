@@ -24,6 +24,13 @@ def test_plan_gives_roles_their_own_gpus_when_there_are_enough():
     assert tp.learner == "0,1" and tp.generators == ["2,3", "4,5", "6,7"] and not tp.shared
 
 
+def test_generators_open_the_learners_gpu_handles_only_where_they_see_its_gpu():
+    assert devices.plan_devices(1, 1, 2).generators_see_learner_gpu()  # one shared GPU
+    assert devices.plan_devices(2, 2, 3).generators_see_learner_gpu() is False  # 1 of 3 on GPU 0
+    assert devices.plan_devices(4, 1, 3).generators_see_learner_gpu() is False  # their own GPUs
+    assert devices.plan_devices(0, 1, 2).generators_see_learner_gpu() is False  # CPU
+
+
 def test_one_gpu_is_shared_and_weight_sync_falls_back_to_gloo():
     plan = devices.plan_devices(1, 1, 2)
     assert (plan.learner, plan.generators, plan.shared) == ("0", ["0", "0"], True)
@@ -54,13 +61,14 @@ def test_old_model_dtype_key_names_its_replacements():
 
 
 @pytest.mark.parametrize(
-    ("gpus", "backend", "gen", "mode"), [(1, "gloo", "0", "shm"), (2, "nccl", "1", "dist")]
+    ("gpus", "backend", "gen", "mode", "slots"),
+    [(1, "gloo", "0", "shm", "cuda"), (2, "nccl", "1", "dist", "host")],
 )
 def test_launcher_gives_each_role_its_gpus(
-    monkeypatch, tiny_model, tmp_path, gpus, backend, gen, mode
+    monkeypatch, tiny_model, tmp_path, gpus, backend, gen, mode, slots
 ):
-    """One shared GPU: weights through shared memory (gloo kept as dist mode's backend); a GPU
-    per role: NCCL between them."""
+    """One shared GPU: weights through shared memory with the slots on that GPU (CUDA IPC;
+    gloo kept as dist mode's backend); a GPU per role: NCCL between them."""
     monkeypatch.setattr(train, "cuda_device_count", lambda: gpus)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = load_config(None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}"])
@@ -68,6 +76,7 @@ def test_launcher_gives_each_role_its_gpus(
     assert cfg.weight_sync.backend == backend
     assert load_config(str(cfg_path), []).weight_sync.backend == backend  # what roles read
     assert load_config(str(cfg_path), []).weight_sync.mode == mode
+    assert load_config(str(cfg_path), []).weight_sync.shm_slots == slots
     _, learner, gens = train.make_roles(cfg, cfg_path, run_dir, resume=False)
     assert learner.env["CUDA_VISIBLE_DEVICES"] == "0"
     assert gens[0].env["CUDA_VISIBLE_DEVICES"] == gen
@@ -80,6 +89,7 @@ def test_launcher_sends_weights_through_shared_memory_on_a_cpu_host(
     cfg = load_config(None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'run'}"])
     _, _, cfg_path = train.prepare_run(cfg)
     assert load_config(str(cfg_path), []).weight_sync.mode == "shm"
+    assert load_config(str(cfg_path), []).weight_sync.shm_slots == "host"
     explicit = load_config(
         None, [f"model.path={tiny_model}", f"run_dir={tmp_path / 'r2'}", "weight_sync.mode=dist"]
     )

@@ -249,6 +249,14 @@ class WeightSyncConfig:
         shm="shared memory on one host: buckets in /dev/shm, one copy in, one copy out",
         disk="safetensors files",
     )
+    shm_slots: str = Choice(
+        "shm mode: where the two weight slots live",
+        "auto",
+        auto="cuda when `dapo-async train` puts the generators on the learner's GPU, else host",
+        host="files in /dev/shm; the weights pass through host memory",
+        cuda="on the learner's GPU, opened by the generators through CUDA IPC (device to "
+        "device; they must see that GPU)",
+    )
     endpoint: str = F(
         "",
         "host:port of learner rank 0's weight-sync store, for generators on other hosts; "

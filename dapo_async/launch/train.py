@@ -96,6 +96,10 @@ def prepare_run(cfg):
         # through shared memory (NCCL between GPUs is faster where each has one)
         mode = "dist" if plan.learner is not None and not plan.shared else "shm"
         cfg = replace(cfg, weight_sync=replace(cfg.weight_sync, mode=mode))
+    if cfg.weight_sync.shm_slots == "auto":
+        # generators on the learner's GPU open its slots there (CUDA IPC, device to device)
+        slots = "cuda" if plan.generators_see_learner_gpu() else "host"
+        cfg = replace(cfg, weight_sync=replace(cfg.weight_sync, shm_slots=slots))
     (run_dir / "endpoints").mkdir(parents=True, exist_ok=True)
     for stale in (run_dir / "endpoints").iterdir():
         stale.unlink()

@@ -35,6 +35,8 @@ def make_publisher(cfg, run_dir: Path, device="cpu") -> WeightPublisher:
             wire_dtype=wire_dtype(cfg, device),
             keys_dir=run_keys_dir(cfg.launch, run_dir),
             run_name=Path(run_dir).name if run_dir else "run",
+            slots=shm_slots(cfg, device),
+            device=device,
         )
     from dapo_async.weight_sync.dist import DistWeightPublisher
 
@@ -46,6 +48,26 @@ def make_publisher(cfg, run_dir: Path, device="cpu") -> WeightPublisher:
         wire_dtype=wire_dtype(cfg, device),
         keys_dir=run_keys_dir(cfg.launch, run_dir),
     )
+
+
+def shm_slots(cfg, device) -> str:
+    """``weight_sync.shm_slots`` as the learner uses it: ``auto`` is resolved by ``dapo-async
+    train`` (cuda where the generators share the learner's GPU); a role started on its own with
+    ``auto`` keeps its slots in host memory."""
+    from dapo_async.config import ConfigError
+
+    slots = "host" if cfg.weight_sync.shm_slots == "auto" else cfg.weight_sync.shm_slots
+    if slots == "cuda" and torch_device_type(device) != "cuda":
+        raise ConfigError(
+            "weight_sync.shm_slots", f"is cuda but the learner's weights are on {device}"
+        )
+    return slots
+
+
+def torch_device_type(device) -> str:
+    import torch
+
+    return torch.device(device).type
 
 
 def wire_dtype(cfg, device):

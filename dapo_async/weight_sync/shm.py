@@ -2,13 +2,15 @@
 buckets that live in a file under ``/dev/shm`` (a RAM filesystem), and every generator on the
 host maps the same file and copies the buckets out. A round is one copy in and one copy out per
 receiver — no staging for a socket, no loopback TCP, no process group to form, so a generator that
-dies costs nothing and one that starts reads the newest version at once. Whatever device the
-learner's weights and the engine live on (CPU or a shared GPU), they pass through host memory.
+dies costs nothing and one that starts reads the newest version at once. Where learner and
+generators share a GPU the slots can live on it instead (``weight_sync.shm_slots=cuda``: CUDA IPC,
+device to device); ``handles.py`` owns both kinds of slot, and everything below is the same for
+either.
 
 Two slots, so a version is written while receivers may still read the previous one; the store
 (``store.StoreServer``, authenticated with the run's keys, as in dist mode) is the control plane:
 
-    shm/layout  = JSON {slots: [file path, file path], buckets: [[bytes offset, numel, dtype]..],
+    shm/layout  = JSON {slots: [handle, handle], buckets: [[bytes offset, numel, dtype]..],
                         tensors: manifest}           (once per layout)
     shm/writing = round being written                (set before the first byte is written)
     shm/latest  = JSON {round, version, slot, digests}   (set after the last byte)
@@ -21,7 +23,9 @@ Two slots, so a version is written while receivers may still read the previous o
 Round r overwrites the slot of round r − 2, so a copy of round r' is whole unless ``writing``
 reached r' + 2 before the copy ended (a seqlock); the digests then check every byte. Files are
 named after the run and the learner's store port, reused by a restarted learner, and removed by
-``close`` (and by the launcher after a run).
+``close`` (and by the launcher after a run). Digests are computed where the slot lives (xxh3 on the
+host, a word sum on the GPU), and each receiver copies into buffers on that device, so both ends
+compute the same kind.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import torch
 from dapo_async.config import WeightSyncConfig
 from dapo_async.weight_sync.base import WeightPublisher, WeightReceiver, WeightSyncError
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
+from dapo_async.weight_sync.handles import create_slot, open_slot, settle
 from dapo_async.weight_sync.slots import slot_files
 from dapo_async.weight_sync.store import STORE_TIMEOUT_S, StoreServer, check_bind, connect_store
 
@@ -57,9 +62,8 @@ def _layout(buckets: FlatBuckets) -> tuple[list[list], int]:
     return out, max(offset, ALIGN_BYTES)
 
 
-def _map_slot(path: Path, layout: list[list], size: int) -> list[torch.Tensor]:
-    """The buckets of one slot file as tensors over the shared mapping."""
-    raw = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+def _bucket_views(raw: torch.Tensor, layout: list[list]) -> list[torch.Tensor]:
+    """The buckets of one slot as tensors over its shared memory."""
     out = []
     for offset, numel, dt in layout:
         dtype = getattr(torch, dt)
@@ -79,6 +83,8 @@ class ShmWeightPublisher(WeightPublisher):
         wire_dtype: torch.dtype | None = None,
         keys_dir: Path | None = None,
         run_name: str = "run",
+        slots: str = "host",
+        device=None,
     ):
         from dapo_async.roles import write_endpoint
 
@@ -98,6 +104,9 @@ class ShmWeightPublisher(WeightPublisher):
         self.bucket_bytes = ws.bucket_mb << 20
         self.wire_dtype = wire_dtype
         self.layout: FlatBuckets | None = None
+        self.slot_kind = slots
+        self.device = device
+        self.raw: list[torch.Tensor] = []  # the two slots; kept alive while receivers map them
         self.slots: list[list[torch.Tensor]] = []
         self.round = -1
         self.sent_version = -1
@@ -117,6 +126,7 @@ class ShmWeightPublisher(WeightPublisher):
         self.layout.buffers = self.slots[slot]
         self.layout.pack_items(items)  # copies from the learner's device into the slot
         digests = [digest(b) for b in self.layout.buffers]
+        settle(self.raw[slot])
         latest = {"round": self.round, "version": version, "slot": slot, "digests": digests}
         self.store.set("shm/latest", json.dumps(latest))
         self.sent_version = version
@@ -130,12 +140,12 @@ class ShmWeightPublisher(WeightPublisher):
         self.layout = FlatBuckets(shapes, self.bucket_bytes, "meta", self.wire_dtype)
         buckets, size = _layout(self.layout)
         self.files[0].parent.mkdir(parents=True, exist_ok=True)
-        for f in self.files:
-            f.unlink(missing_ok=True)  # a restarted learner's old slots: start clean
-        self.slots = [_map_slot(f, buckets, size) for f in self.files]
+        made = [create_slot(self.slot_kind, f, size, self.device) for f in self.files]
+        self.raw = [raw for raw, _ in made]
+        self.slots = [_bucket_views(raw, buckets) for raw in self.raw]
         manifest = self.layout.manifest(-1)
         layout = {
-            "slots": [str(f) for f in self.files],
+            "slots": [handle for _, handle in made],
             "size": size,
             "buckets": buckets,
             "tensors": manifest["tensors"],
@@ -147,7 +157,7 @@ class ShmWeightPublisher(WeightPublisher):
         return self.sent_version >= version
 
     def close(self) -> None:
-        self.slots = []
+        self.slots, self.raw = [], []
         for f in self.files:
             f.unlink(missing_ok=True)
         self.store = None
@@ -193,6 +203,7 @@ class ShmWeightReceiver(WeightReceiver):
         self._ensure_layout()
         for dst, src in zip(self.buckets.buffers, self.slots[latest["slot"]]):
             dst.copy_(src)
+        settle(self.buckets.buffers[0])
         if int(self.store.get("shm/writing")) >= latest["round"] + 2:
             return False  # the learner began rewriting this slot during the copy
         got = [digest(b) for b in self.buckets.buffers]
@@ -212,14 +223,15 @@ class ShmWeightReceiver(WeightReceiver):
         if text == self.layout_text:
             return
         layout = json.loads(text)
-        self.slots = [
-            _map_slot(Path(p), layout["buckets"], layout["size"]) for p in layout["slots"]
-        ]
+        raw = [open_slot(handle) for handle in layout["slots"]]
+        self.slots = [_bucket_views(r, layout["buckets"]) for r in raw]
         manifest = {
             "tensors": layout["tensors"],
             "buckets": [[numel, dt] for _, numel, dt in layout["buckets"]],
         }
-        self.buckets = FlatBuckets.from_manifest(manifest)
+        # the copies live where the slot does: device to device on a shared GPU, and the digests
+        # are then the same kind as the learner's
+        self.buckets = FlatBuckets.from_manifest(manifest, device=raw[0].device)
         self.layout_text = text
 
     def close(self) -> None:

@@ -117,3 +117,37 @@ def test_the_learner_publishes_from_its_device_in_the_wire_dtype(tmp_path):
         r.close()
     finally:
         pub.close()
+
+
+def test_a_slot_handle_opens_the_same_memory_in_either_kind(tmp_path):
+    """Host slots: what the learner writes through its tensor the receiver reads through the
+    handle. CUDA handles are JSON and give back exactly what ``_share_cuda_`` exported."""
+    import json
+
+    from dapo_async.weight_sync.handles import create_slot, decode_cuda, encode_cuda, open_slot
+
+    raw, handle = create_slot("host", tmp_path / "slot", 256)
+    other = open_slot(json.loads(json.dumps(handle)))
+    raw[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    assert other[:4].tolist() == [1, 2, 3, 4] and other.numel() == 256
+    shared = (0, b"\x00ipc\xff" * 16, 4096, 512, b"/torch_123_ref", 8, b"\x01evt" * 8, True)
+    h = json.loads(json.dumps(encode_cuda(shared, "GPU-1234", 1000)))
+    assert decode_cuda(h) == shared[1:] and h["uuid"] == "GPU-1234" and h["size"] == 1000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_a_receiver_that_cannot_open_the_learners_gpu_slot_is_told_the_fallback():
+    from dapo_async.weight_sync.handles import open_slot
+
+    with pytest.raises(WeightSyncError, match=r"weight_sync\.shm_slots=host"):
+        open_slot({"kind": "cuda", "uuid": "GPU-x", "size": 8})
+
+
+def test_gpu_slots_for_a_cpu_learner_are_refused_naming_the_key():
+    from dapo_async.config import ConfigError
+    from dapo_async.weight_sync.factory import shm_slots
+
+    cfg = load_config(None, ["weight_sync.mode=shm", "weight_sync.shm_slots=cuda"])
+    with pytest.raises(ConfigError, match=r"weight_sync\.shm_slots"):
+        shm_slots(cfg, "cpu")
+    assert shm_slots(load_config(None, ["weight_sync.mode=shm"]), "cpu") == "host"
