@@ -105,6 +105,34 @@ def default_repo(run_dir: str | Path) -> str:
     return str(Path(run_dir).resolve().parent / "aim")
 
 
+def repo_of(tracking, run_dir: str | Path) -> str | None:
+    """The Aim repo a run's roles write to (``tracking.aim_repo`` or the default); None when
+    Aim is off."""
+    if not tracking.aim:
+        return None
+    return tracking.aim_repo or default_repo(run_dir)
+
+
+def index_aim_runs(repo: str) -> int:
+    """Bring the repo's run index up to date (what ``aim storage reindex`` does, for the runs
+    that changed only), so the SDK's ``Repo.iter_runs`` and the UI list a finished run's runs at
+    once; how many were indexed. Aim indexes only from its UI server otherwise."""
+    if "://" in repo or not (Path(repo) / ".aim").is_dir():
+        return 0  # a remote repo indexes itself; no repo, nothing to index
+    from aim import Repo
+    from aim.sdk.index_manager import RepoIndexManager
+
+    r = Repo.from_path(repo)
+    manager = RepoIndexManager.get_index_manager(r)
+    index = r._get_index_tree("meta", 0).view(())
+    n = 0
+    for run_hash in r._all_run_hashes():
+        if manager._is_run_index_outdated(run_hash, index):
+            manager.index(run_hash)
+            n += 1
+    return n
+
+
 def read_metrics(run_dir: str | Path, role: str) -> list[dict]:
     p = Path(run_dir) / "metrics" / f"{role}.jsonl"
     if not p.exists():

@@ -36,7 +36,7 @@ from dapo_async.launch.supervisor import Role, Supervisor, stop_all
 from dapo_async.roles import LAUNCHER_PID_ENV
 from dapo_async.tiny.build import WarmStartError, build
 from dapo_async.tools.config_check import problems as config_problems
-from dapo_async.tracking import read_metrics
+from dapo_async.tracking import index_aim_runs, read_metrics, repo_of
 from dapo_async.utils import free_port
 from dapo_async.weight_sync.slots import remove_slot_files
 
@@ -276,8 +276,18 @@ def main(args: argparse.Namespace) -> int:
         remove_slot_files(run_dir, run_dir.name)  # shared-memory weights a killed learner left
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+    aim_repo = repo_of(cfg.tracking, run_dir)
+    if aim_repo is not None:
+        try:
+            index_aim_runs(aim_repo)  # the run's Aim runs listed at once (SDK and UI)
+        except Exception as e:  # never fail a finished run over its dashboard
+            print(
+                f"[train] Aim index not updated ({e}); `aim storage reindex` does it",
+                file=sys.stderr,
+            )
     if rc == 0:
         summary = summarize(run_dir, time.monotonic() - sup.t0, gens, sup.t0_wall)
+        summary["aim_repo"] = aim_repo
         print(json.dumps(summary) if args.json else format_summary(summary))
     return rc
 
@@ -325,6 +335,6 @@ def format_summary(s: dict) -> str:
         f"of the trained groups (after dynamic sampling) {f(s['trained_accuracy_last'])}\n"
         f"learner idle ratio: {f(s['learner_idle_ratio'])}   generator restarts: {s['generator_restarts']}   "
         f"start to first step: {s['start_to_first_step_s']}s\n"
-        f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, checkpoints/); Aim: "
-        f"{Path(s['run_dir']).resolve().parent / 'aim'}"
+        f"run directory: {s['run_dir']} (config.yaml, logs/, metrics/, samples/, checkpoints/); "
+        f"Aim: {s.get('aim_repo') or 'off'}"
     )

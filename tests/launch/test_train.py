@@ -78,16 +78,10 @@ LEARNER_METRICS = {
 
 
 def read_aim_runs(aim_repo) -> dict:
-    """{role: {metric name: (steps, values)}} read back through the Aim SDK after a reindex."""
+    """{role: {metric name: (steps, values)}} read back through the Aim SDK as a user opens it:
+    no ``aim storage reindex`` (the launcher indexed the finished run's runs)."""
     from aim import Repo
 
-    aim_bin = os.path.join(os.path.dirname(sys.executable), "aim")
-    subprocess.run(
-        [aim_bin, "storage", "--repo", str(aim_repo), "reindex", "-y"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
     out = {}
     for run in Repo(str(aim_repo)).iter_runs():
         series = {}
@@ -133,6 +127,7 @@ def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
     ckpts = sorted((run / "checkpoints").glob("step-*"))
     assert ckpts and ckpts[-1].name == "step-00000004"
 
+    assert summary["aim_repo"] == str((run.parent / "aim").resolve())  # the repo it used
     runs = read_aim_runs(run.parent / "aim")  # the project's repo, beside the run
     assert {"buffer", "learner"} <= set(runs)
     assert any(role.startswith("gen0-") for role in runs)  # generator ids: <name>-<uuid8>
