@@ -290,6 +290,10 @@ def _add_tools(sub) -> None:
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     p.set_defaults(func=_lazy("dapo_async.tools.report", "main"))
 
+    from dapo_async.tools import inspect_cmd
+
+    inspect_cmd.add_parser(sub)
+
     p = sub.add_parser("dashboard", help="serve the run's Aim repo (`aim up`) until Ctrl-C")
     p.add_argument("run_dir", help="the run directory (or an Aim repo with --repo)")
     p.add_argument(

@@ -90,6 +90,19 @@ class Tracker:
                     log.warning("Aim track failed: %s", e)
                     break
 
+    def text(self, name: str, text: str, step: int, index: int = 0) -> None:
+        """One readable record (``samples.SampleLog``) as Aim ``Text`` beside the curves; the
+        ``index``-th of its step (context ``sample``: Aim keeps one value per step)."""
+        if self._aim is None:
+            return
+        try:
+            from aim import Text
+
+            ctx = {"role": self.role, "sample": index}
+            self._aim.track(Text(text), name=name, step=step, context=ctx)
+        except Exception as e:
+            log.warning("Aim text failed: %s", e)
+
     def close(self) -> None:
         self._jsonl.close()
         if self._aim is not None:

@@ -139,8 +139,11 @@ def policy_loss(
     global_num_tokens: float | None = None,
     global_num_seqs: float | None = None,
     ref_logp_BT: torch.Tensor | None = None,
+    tap: dict | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Decoupled clipped policy loss; returns (scalar loss, metrics)."""
+    """Decoupled clipped policy loss; returns (scalar loss, metrics). A ``tap`` dict receives
+    the per-token tensors a reader wants (``clip_marks``): ratio_BT, is_weight_BT (raw),
+    clip_BT, keep_BT."""
     mask_BT = mask_BT.to(logp_BT.dtype)
     behav = behav_logp_BT.detach()
     prox = behav if (cfg.bypass or prox_logp_BT is None) else prox_logp_BT.detach()
@@ -169,7 +172,26 @@ def policy_loss(
         metrics |= weight_quantiles(w_raw_BT, mask_BT)
         if kl_BT is not None:
             metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask_BT).item()
+        if tap is not None:
+            tap |= {
+                "ratio_BT": r_BT.detach(),
+                "is_weight_BT": w_raw_BT,
+                "clip_BT": clip_marks(r_BT.detach(), adv_BT, dual_BT, cfg),
+                "keep_BT": keep_BT,
+            }
     return loss, metrics
+
+
+def clip_marks(
+    r_BT: torch.Tensor, adv_BT: torch.Tensor, dual_BT: torch.Tensor, cfg: PolicyLossConfig
+) -> torch.Tensor:
+    """Per token: 0 = its gradient flows, 1 = clipped low (r < 1 − ε_low with A < 0), 2 =
+    clipped high (r > 1 + ε_high with A > 0), 3 = bound by the dual clip (the same conditions
+    ``pg_clip_frac_low|high`` and ``dual_clip_frac`` count)."""
+    low_BT = (r_BT < 1 - cfg.clip_low) & (adv_BT < 0)
+    high_BT = (r_BT > 1 + cfg.clip_high) & (adv_BT > 0)
+    marks_BT = low_BT.to(torch.int8) + 2 * high_BT.to(torch.int8)
+    return torch.where(dual_BT, torch.full_like(marks_BT, 3), marks_BT)
 
 
 # Quantiles of the raw importance weights reported per step (train/is_weight_p<q>): the body

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import zmq
 
@@ -22,6 +23,8 @@ from dapo_async.data.prompts import encode_in_child
 from dapo_async.hub import resolve_paths
 from dapo_async.keys import generate_keys, run_keys_dir
 from dapo_async.roles import StopFlag, setup_logging, write_endpoint
+from dapo_async.sample_records import dropped_record, newest_version, render, token_decoder
+from dapo_async.samples import SampleLog
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 
@@ -116,6 +119,13 @@ def main(args: argparse.Namespace) -> int:
         max_message_bytes=max_message_bytes(cfg),
     )
     tracker = Tracker.for_role(cfg, "buffer")
+    show = partial(render, decode=token_decoder(cfg.model.source_dir))
+    samples = SampleLog.for_role(cfg, "buffer", tracker, show)
+
+    def record_drop(group, why: str) -> None:  # a few dropped groups per step and reason
+        if samples.take(newest_version(group), why):
+            samples.write(dropped_record(group, why))
+
     svc = BufferService(
         cfg.buffer,
         cfg.data.shuffle_seed,
@@ -132,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
         # step = the learner version the buffer has seen (wall time is each record's "time")
         on_stats=lambda s: tracker.track(s, svc.state.version),
         mixture=mixture,
+        on_drop=record_drop,
     )
     write_endpoint(run_dir, "buffer", server.endpoint)
     log.info("serving on %s (wal=%s)", server.endpoint, cfg.buffer.wal)

@@ -51,6 +51,7 @@ class BufferService:
         wal_path: str | Path | None = None,
         on_stats: Callable[[dict[str, float]], None] | None = None,
         mixture: tuple[list[int], list[float]] | None = None,
+        on_drop: Callable[[protocol.Group, str], None] | None = None,
     ):
         """``buffer_cfg``: the ``buffer`` section; ``shuffle_seed``: ``data.shuffle_seed`` (the
         prompt order); ``limits``: what a group may hold (vocabulary, response length)."""
@@ -68,6 +69,9 @@ class BufferService:
         if wal_path is not None:
             self._recover(Path(wal_path))
             self.wal = wal.WriteAheadLog(wal_path)
+        # groups filtered, gone stale or rejected from now on (not those of the replay above)
+        self.on_drop = on_drop or (lambda group, reason: None)
+        self.state.on_drop = self.on_drop
         self._last_stats = time.monotonic()
 
     # ------------------------------------------------------------------ durability
@@ -195,7 +199,10 @@ class BufferService:
         reason = semantic_error(group, self.limits, leased)
         if reason:
             log.warning("group %s rejected: %s", group.group_id, reason)
-            return self.state.reject(group, reason)
+            status = self.state.reject(group, reason)
+            if status.startswith("rejected:"):
+                self.on_drop(group, status)
+            return status
         return self.state.ingest(group)
 
     def _on_batch_request(self, msg: protocol.BatchRequest) -> protocol.Message:

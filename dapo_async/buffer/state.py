@@ -16,18 +16,19 @@ Life of a prompt and its group:
                                                                    │
                           request for step s+1 ──► step s trained; freed at the next checkpoint
 
-Admission and pacing (invariant 2; the argument is in docs/architecture.md): a lease gets a
-deadline d = (the weights version its generator holds, clamped to [v - max_staleness, v]) +
-max_staleness, v = the learner's version (the highest step requested); it is granted only while
-``qualified_total + outstanding + 1 ≤ (d + 1) × groups_per_step``. Assembly of step s waits
-while a lease due at s is outstanding (pacing), then takes ready groups oldest token first, so
-a slow group is trained in time instead of dropped; consumption re-checks the bound.
+Admission and pacing (invariant 2, argued in docs/architecture.md): a lease gets a deadline
+d = (its generator's weights version, clamped to [v − max_staleness, v]) + max_staleness, v = the
+learner's version (highest step requested); it is granted only while ``qualified_total +
+outstanding + 1 ≤ (d + 1) × groups_per_step``. Assembly of step s waits while a lease due at s
+is outstanding (pacing), then takes ready groups oldest token first (a slow group is trained in
+time, not dropped); consumption re-checks the bound. Dropped groups go to ``on_drop``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -62,6 +63,8 @@ class BufferState:
         # one source, or a weighted mixture (source sizes, weights): see data/cursor.py
         self.cursor = make_cursor(*mixture, seed) if mixture else PromptCursor(num_prompts, seed)
         self.component_names = list(component_names)
+        # (group, reason) of a filtered or stale group: set by the service after recovery
+        self.on_drop: Callable[[Group, str], None] = lambda group, reason: None
         self.version = 0  # learner version = highest step requested
         self.next_lease_id = 0
         self.leases: dict[int, Lease] = {}
@@ -91,8 +94,6 @@ class BufferState:
         # (correct responses, responses) of the last groups_per_step groups received, before
         # the dynamic-sampling filter: the honest accuracy of what the policy samples now
         self.recent_sampled: deque[tuple[float, int]] = deque(maxlen=max(1, cfg.groups_per_step))
-
-    # ------------------------------------------------------------------ leases
 
     def oldest_allowed_version(self) -> int:
         """The oldest policy version whose tokens may still be trained at the next step
@@ -193,6 +194,7 @@ class BufferState:
             )[0]
             if not keep:
                 self.counters.dropped["filtered"] += 1
+                self.on_drop(group, "filtered")
                 return "stored"
         self.groups[gid] = group
         self._enqueue(gid, self._oldest_version(gid))
@@ -338,7 +340,7 @@ class BufferState:
             gid = self.ready.popleft()
             oldest = self.oldest.pop(gid)
             if oldest < min_version:
-                del self.groups[gid]
+                self.on_drop(self.groups.pop(gid), "stale")
                 self.counters.dropped["stale"] += 1
                 continue
             picked.append((gid, oldest))
@@ -378,8 +380,6 @@ class BufferState:
         for s in [s for s in self.steps if s <= step]:
             for g in self.steps.pop(s).group_ids:
                 self.groups.pop(g, None)
-
-    # ------------------------------------------------------------------ persistence
 
     def snapshot(self) -> dict:
         return snapshot.dump(self)

@@ -310,6 +310,19 @@ class TrackingConfig:
     tags: list = F([], "Aim tags of every role's run (tune tags its points with KEY=VALUE).")
     experiment: str = F("", "Aim experiment name; empty = the run name.")
     log_every: int = F(1, "Print a status line every N learner steps.", ge=1)
+    samples_per_step: int = F(
+        2,
+        "Rollouts each role records per step for reading (`dapo-async inspect`, Aim Text): "
+        "the generator's groups per weight version, the learner's trained responses, the "
+        "buffer's dropped groups per reason; 0 = none.",
+        ge=0,
+    )
+    samples_max_mb: float = F(
+        8.0,
+        "Cap of each role's samples file (<run_dir>/samples/<role>.jsonl); past half of it the "
+        "file is rotated to .1 (the older .1 dropped), so a role keeps at most this much.",
+        gt=0,
+    )
 
 
 @dataclass

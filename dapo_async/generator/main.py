@@ -31,6 +31,8 @@ from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
 from dapo_async.hub import resolve_paths
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
+from dapo_async.sample_records import render
+from dapo_async.samples import SampleLog
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 
@@ -52,8 +54,7 @@ def main(args: argparse.Namespace) -> int:
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
 
-    ctx = zmq.Context()
-    sock = connect_buffer(ctx, cfg, endpoint, gen_id)
+    sock = connect_buffer(ctx := zmq.Context(), cfg, endpoint, gen_id)
     tracker = Tracker.for_role(cfg, gen_id)
     g = cfg.generator
     share = cores.for_role(cfg, gen_id, g.engine)
@@ -66,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
         on_metrics=lambda m: tracker.track(m, engine.version),
         engine_name=g.engine,
         cores=share,
+        samples=SampleLog.for_role(cfg, gen_id, tracker, render),  # readable rollouts
     )
     if g.mode == "stream":
         stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)

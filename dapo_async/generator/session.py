@@ -28,6 +28,8 @@ from dapo_async.cores import CoreShare
 from dapo_async.engines.base import Engine, SamplingParams
 from dapo_async.generator.rollout import make_group
 from dapo_async.generator.scoring import Scorer
+from dapo_async.sample_records import group_record, newest_version
+from dapo_async.samples import SampleLog
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class GeneratorSession:
         on_metrics: Callable[[dict[str, float]], None] | None = None,
         engine_name: str = "hf",
         cores: CoreShare | None = None,
+        samples: SampleLog | None = None,
     ):
         self.id = generator_id
         self.engine = engine
@@ -78,6 +81,7 @@ class GeneratorSession:
         self.on_metrics = on_metrics
         self.engine_name = engine_name
         self.cores = cores  # this host's core ledger (``dapo_async.cores``), or None
+        self.samples = samples  # readable rollouts (``dapo_async.samples``), or None
         self._idle_seen = (0.0, time.monotonic())  # (time_idle, when) at the last observation
         self.seq = 0
         self.outbox: OrderedDict[protocol.GroupId, tuple[protocol.Group, float]] = OrderedDict()
@@ -213,18 +217,22 @@ class GeneratorSession:
         """Score the responses of several prompts in one reward-pool call and make one group
         each. ``done``: (lease id, prompt, ground truth, completions, generation seconds) per
         prompt; ``version`` tags tokens whose completion carries no versions of its own."""
-        items = []
+        items, prompt_texts = [], []
         for lease_id, prompt, truth, comps, _ in done:
-            prompt_text = self._prompt_text(prompt)
+            prompt_texts.append(self._prompt_text(prompt))
             extra = _json_dict(self.extras.pop(lease_id, ""))
-            items += [(c.text, truth, len(c.tokens), prompt_text, extra) for c in comps]
+            items += [(c.text, truth, len(c.tokens), prompt_texts[-1], extra) for c in comps]
         scored = self.scorer(items)
         groups, k = [], 0
-        for lease_id, prompt, _, comps, took in done:
+        for (lease_id, prompt, _, comps, took), text in zip(done, prompt_texts):
             sc = scored[k : k + len(comps)]
             k += len(comps)
-            groups.append(make_group(self.id, self.seq, lease_id, prompt, comps, sc, version, took))
+            g = make_group(self.id, self.seq, lease_id, prompt, comps, sc, version, took)
             self.seq += 1
+            groups.append(g)
+            if self.samples is not None and self.samples.take(newest_version(g)):
+                texts = [c.text for c in comps]
+                self.samples.write(group_record(g, text, texts, self.component_names))
         return groups
 
     def _prompt_text(self, prompt) -> str:

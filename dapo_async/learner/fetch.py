@@ -8,7 +8,9 @@ almost everything).
 
 from __future__ import annotations
 
+import json
 import time
+import zlib
 
 from dapo_async import protocol, transport
 
@@ -70,3 +72,14 @@ def stall_message(step: int, waited_s: float, stats: dict) -> str:
     elif not produced:
         msg += ". No generator has delivered anything: are generators running and connected?"
     return msg
+
+
+def audit(f, step: int, groups) -> None:
+    """One line per step received: the group ids and a checksum of each prompt (so runs can be
+    compared prompt by prompt, and a group trained twice shows up)."""
+    line = {
+        "step": step,
+        "groups": [f"{g.generator_id}:{g.seq}" for g in groups],
+        "prompts": [zlib.crc32(g.prompt_tokens.tobytes()) for g in groups],
+    }
+    f.write(json.dumps(line) + "\n")

@@ -21,10 +21,9 @@ The run ends after ``learner.num_steps`` steps, or after the step that crosses
 from __future__ import annotations
 
 import copy
-import json
 import time
-import zlib
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ from dapo_async.devices import learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
 from dapo_async.keys import run_keys_dir
 from dapo_async.learner import checkpoint
-from dapo_async.learner.fetch import fetch_batch
+from dapo_async.learner.fetch import audit, fetch_batch
 from dapo_async.learner.lora import (
     ADAPTER_FILE,
     adapter_state,
@@ -49,6 +48,8 @@ from dapo_async.learner.lora import (
 from dapo_async.learner.parallel import Parallel
 from dapo_async.learner.trainer import Trainer
 from dapo_async.roles import read_endpoint
+from dapo_async.sample_records import render, trained_record
+from dapo_async.samples import SampleLog
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 from dapo_async.weight_sync.factory import make_publisher
@@ -84,7 +85,7 @@ class Learner:
         self.resume_from = checkpoint_dirs.latest(self.ckpt_root) if resume else None
         if rank == 0:  # a summary left by an earlier session of this run is not this one's end
             (self.run_dir / eval_snapshots.SUMMARY_FILE).unlink(missing_ok=True)
-        self.tracker = self.publisher = None
+        self.tracker = self.publisher = self.samples = None
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
         self.idle_s = self.eval_s = 0.0
@@ -116,6 +117,8 @@ class Learner:
             self.cores.watch(cores.decoder_layers(self.model))
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
+            show = partial(render, decode=self.tokenizer.decode)
+            self.samples = SampleLog.for_role(cfg, "learner", self.tracker, show)
             self.publisher = make_publisher(cfg, self.run_dir, self.device)
             self.eval_records = load_heldout(cfg.data, cfg.seed)
         return self
@@ -182,6 +185,7 @@ class Learner:
             max_tokens=self.cfg.generator.max_tokens,
             ref_model=self._ref_model,
         )
+        self.trainer.record_rows = self.cfg.tracking.samples_per_step if self.rank == 0 else 0
         if self.resume_from is not None:
             state = checkpoint.load_trainer_state(self.resume_from)
             self.trainer.load_state_dict(state)
@@ -224,7 +228,7 @@ class Learner:
         t_data = time.monotonic() - t0
         self.idle_s += t_data
         groups = list(reply.batch)
-        _audit(self.audit, step, groups)
+        audit(self.audit, step, groups)
         if self.cores is not None:
             self.cores.working()
         metrics = self.trainer.step(groups)
@@ -329,6 +333,8 @@ class Learner:
                 metrics.update(self._evaluate())
             metrics["time/eval_s"] = time.monotonic() - t0  # what the learner waited
         self.tracker.track(metrics, self.trainer.version)
+        for row in self.trainer.recorded:  # what it trained, readable (dapo-async inspect)
+            self.samples.write(trained_record(self.trainer.version, row))
         if (step + 1) % self.cfg.tracking.log_every == 0:
             self.log.info(
                 "step %d/%d sampled-acc %.3f trained-acc %.3f trained-reward %.3f "
@@ -381,14 +387,3 @@ class Learner:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def _audit(f, step: int, groups) -> None:
-    """One line per step received: the group ids and a checksum of each prompt (so runs can be
-    compared prompt by prompt, and a group trained twice shows up)."""
-    line = {
-        "step": step,
-        "groups": [f"{g.generator_id}:{g.seq}" for g in groups],
-        "prompts": [zlib.crc32(g.prompt_tokens.tobytes()) for g in groups],
-    }
-    f.write(json.dumps(line) + "\n")

@@ -109,6 +109,11 @@ class Trainer:
         self.need_prox = self.objective.needs_proximal
         # the first mini-batch's proximal log-probs from its own forward (module docstring)
         self.prox_from_forward = self.need_prox and not has_dropout(self.model)
+        # responses of each step kept for reading (tracking.samples_per_step): ``recorded``
+        # holds the last step's, with per-token ratios, weights and clip marks
+        self.record_rows = 0
+        self.recorded: list[dict] = []
+        self._tap: dict | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -186,7 +191,10 @@ class Trainer:
         rows = groups_to_rows(groups, norm_std=self.algo.adv_norm_std, eps=self.algo.adv_eps)
         forward = partial(self._forward_logp, self.train_model)
         loss = partial(self.objective.loss, forward)
+        tap = self._tap = {} if self.record_rows else None
         metrics = self._updates(self._plan(rows), t0, self.objective.counts, loss)
+        self.objective.tap = None
+        self.recorded = tapped_rows(rows, tap, self.record_rows) if tap else []
         self.scheduler.step()
         self.version += 1
         metrics.update(self._batch_stats(rows))
@@ -203,7 +211,9 @@ class Trainer:
         agg: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.model.train()
         t_fb = t_opt = 0.0
-        for part in micro:
+        for i, part in enumerate(micro):
+            if i == len(micro) - 1:  # recorded: the last mini-batch (the first one's ratios
+                self.objective.tap = self._tap  # are 1 where its own forward is proximal)
             g = self.par.sum_floats(counts(part))
             t1 = time.perf_counter()
             for j, mb in enumerate(part):
@@ -275,6 +285,38 @@ class Trainer:
         self.par.load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
+
+
+def tapped_rows(rows: Rows, tap: dict, k: int) -> list[dict]:
+    """Up to ``k`` responses of the tapped micro-batch (``Objective.tap``), those with the most
+    clipped tokens first, with their per-token tensors cut to their length."""
+    picked = []
+    for i, r in enumerate(tap["rows"]):
+        n = len(rows.responses[r])
+        per_token = {
+            out: tap[f"{name}_BT"][i, :n].float().cpu().numpy()
+            for name, out in (
+                ("ratio", "ratio"),
+                ("is_weight", "is_weight"),
+                ("clip", "clip"),
+                ("keep", "kept"),
+            )
+        }
+        picked.append((int((per_token["clip"] > 0).sum()), i, r, per_token))
+    picked.sort(key=lambda x: (-x[0], x[1]))
+    return [
+        {
+            "prompt": rows.prompts[r],
+            "tokens": rows.responses[r],
+            "adv": float(rows.adv[r]),
+            "reward": float(rows.rewards[r]),
+            "acc": float(rows.acc[r]),
+            "truncated": bool(rows.truncated[r]),
+            "versions": rows.versions[r],
+            **per_token,
+        }
+        for _, _, r, per_token in picked[:k]
+    ]
 
 
 def has_dropout(model: torch.nn.Module) -> bool:

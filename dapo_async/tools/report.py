@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_async.tools.inspect_cmd import examples_page
 from dapo_async.tools.report_dists import write_distributions
 
 
@@ -213,6 +214,14 @@ def write_report(run_dirs: list[Path], out_dir: Path) -> tuple[list[Path], list[
         skipped.append("distributions.png")
     else:
         written.append(dists)
+    for run_dir in run_dirs:  # one page of recorded rollouts per run (dapo-async inspect)
+        name = "examples.md" if len(run_dirs) == 1 else f"examples-{run_dir.name}.md"
+        page = examples_page(run_dir)
+        if page:
+            (out_dir / name).write_text(page)
+            written.append(out_dir / name)
+        else:
+            skipped.append(name)
     return written, skipped
 
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from fakes import fake_generator, fake_learner
 
 from dapo_async import protocol as P
 from dapo_async import transport as T
+from dapo_async.samples import read_samples
 from dapo_async.utils import free_port
 
 SPAWN = mp.get_context("spawn")
@@ -153,6 +155,13 @@ def test_200_steps_reconcile_exactly(tmp_path, tokenizer_dir, repo, cli_env):
     assert c["produced"] == len(all_trained) + dropped + waiting, (c, final, len(all_trained))
     # the last served step is trained by the learners but not yet confirmed to the buffer
     assert c["trained"] == len(all_trained) - final["untrained_assigned"]
+    # a few dropped groups per step and reason are kept readable, never more than were dropped
+    records = read_samples(run, "buffer")
+    per_reason = Counter(r["reason"] for r in records)
+    assert all(per_reason[why] <= c["dropped"].get(why, 0) for why in per_reason)
+    per_step = Counter((r["step"], r["reason"]) for r in records)
+    assert all(n <= 2 for n in per_step.values())  # tracking.samples_per_step
+    assert (not c["dropped"]) or records
 
 
 def test_sigkill_with_wal_loses_nothing(tmp_path, tokenizer_dir, repo, cli_env):
@@ -280,6 +289,9 @@ def test_poison_group_on_a_real_lease_is_rejected_and_the_buffer_serves_on(
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["counters"]["rejected"] == {"token_range": 1}
     assert final["counters"]["produced"] == 1 and final["stored"] == 1
+    (dropped,) = read_samples(run, "buffer")  # readable: `dapo-async inspect --dropped`
+    assert dropped["reason"] == "rejected:token_range" and dropped["prompt_tokens"] == prompt
+    assert dropped["responses"][0]["tokens"][0] == 1_000_000
 
 
 def test_buffer_authenticates_every_client_and_each_role_sends_only_its_messages(

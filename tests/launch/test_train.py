@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,9 @@ import pytest
 import torch
 import yaml
 from testutil import TRAIN_FAST, last_json, max_generator_version, run_cli
+
+from dapo_async.samples import read_samples
+from dapo_async.tracking import read_metrics
 
 FAST = ["learner.num_steps=4", *TRAIN_FAST]
 
@@ -140,6 +144,65 @@ def test_train_runs_to_completion(finished_run, greedy_hf_and_vllm):
 
     hf, vllm_texts = greedy_hf_and_vllm(ckpts[-1])
     assert vllm_texts == hf
+
+
+def _chain_answer(prompt: str) -> int:
+    """The tiny chain task's answer to a prompt like "<bos>4-2+1-2=" (left to right)."""
+    expr = prompt.replace("<bos>", "").strip().rstrip("=")
+    return sum(int(term) for term in re.findall(r"[+-]?\d+", expr))
+
+
+@pytest.mark.slow
+def test_inspect_shows_what_the_run_sampled_trained_and_dropped(finished_run, repo, cli_env):
+    """`dapo-async inspect` on the finished main job: the worst groups of a chosen step and the
+    trained responses with their clip marks, checked against the task and the run's own
+    metrics; the same records reached Aim as Text. (This run keeps every group: the buffer's
+    dropped records are checked on a real buffer process, tests/buffer/test_buffer_process.py.)"""
+    run, _ = finished_run
+
+    def inspect(*args):
+        out = run_cli(repo, cli_env, "inspect", str(run), *args, "--json")
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)
+
+    steps = sorted({r["step"] for r in read_samples(run) if r["kind"] == "group"})
+    step = steps[len(steps) // 2]
+    worst = inspect("--worst", "--step", str(step), "--n", "10")
+    assert worst and all(g["step"] == step and g["kind"] == "group" for g in worst)
+    means = [sum(r["reward"] for r in g["responses"]) / len(g["responses"]) for g in worst]
+    assert means == sorted(means)
+    for g in worst:  # the text says what the reward says
+        for r in g["responses"]:
+            said = re.search(r"Answer: ?(-?\d+)", r["text"])
+            right = said is not None and int(said.group(1)) == _chain_answer(g["prompt"])
+            assert r["acc"] == float(right), (g["prompt"], r["text"], r["acc"])
+            assert r["components"]["correct"] == (1.0 if right else -1.0)
+            assert sum(n for _, n in r["versions"]) == r["len"] == len(r["tokens"])
+    learner = {r["step"]: r for r in read_metrics(run, "learner") if "train/loss" in r}
+    trained = inspect("--clipped", "--n", "100")
+    for t in trained:  # every mark as the clip conditions say, and counted by the metrics
+        for ratio, adv, mark in zip(t["ratio"], [t["adv"]] * len(t["clip"]), t["clip"]):
+            if mark == 1:
+                assert ratio <= 0.8 + 1e-3 and adv < 0
+                assert learner[t["step"]]["train/pg_clip_frac_low"] > 0
+            elif mark == 2:
+                assert ratio >= 1.28 - 1e-3 and adv > 0
+                assert learner[t["step"]]["train/pg_clip_frac_high"] > 0
+    recorded = [r for r in read_samples(run, "learner") if r["kind"] == "trained"]
+    assert {r["step"] for r in recorded} == set(learner)  # every step recorded what it trained
+    out = run_cli(repo, cli_env, "inspect", str(run), "--worst", "--n", "1", "--no-colour")
+    assert "sampled group" in out.stdout and "prompt: <bos>" in out.stdout  # decoded
+    assert {"samples/group", "samples/trained"} <= aim_texts(run.parent / "aim")
+
+
+def aim_texts(aim_repo) -> set:
+    """Names of the Text sequences the run's Aim runs hold."""
+    from aim import Repo
+
+    names = set()
+    for aim_run in Repo(str(aim_repo)).iter_runs():
+        names |= {t["name"] for t in aim_run.collect_sequence_info(["texts"])["texts"]}
+    return names
 
 
 def test_time_budget_ends_the_run_early_with_its_final_evaluation(

@@ -34,6 +34,9 @@ class Objective:
     def __init__(self, algo, max_tokens: int):
         self.algo = algo
         self.max_tokens = max_tokens
+        # set to a dict by the learner to read one micro-batch's per-token tensors: the next
+        # ``loss`` call of an objective that supports it fills it (and resets this to None)
+        self.tap: dict | None = None
 
     @property
     def needs_reference(self) -> bool:

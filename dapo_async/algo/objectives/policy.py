@@ -59,6 +59,9 @@ class PolicyObjective(Objective):
         prox = mb.prox_logp_BT
         if prox is None and self.needs_proximal:  # the first mini-batch: weights at step start
             prox = logp.detach()
+        tap, self.tap = self.tap, None
+        if tap is not None:
+            tap["rows"] = mb.rows
         loss, m = policy_loss(
             logp,
             prox,
@@ -69,6 +72,7 @@ class PolicyObjective(Objective):
             global_num_tokens=max(g_tokens, 1.0),
             global_num_seqs=max(g_seqs, 1.0),
             ref_logp_BT=mb.ref_logp_BT,
+            tap=tap,
         )
         w = mb.mask_BT.sum().item()
         for key, v in m.items():
