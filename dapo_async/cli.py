@@ -260,11 +260,15 @@ def _add_bench(sub) -> None:
 
 def _add_tools(sub) -> None:
     """tune, report, dashboard."""
-    p = sub.add_parser("tune", help="throughput sweep: one short training run per grid point")
+    p = sub.add_parser(
+        "tune",
+        help="throughput sweep (--grid) or hyper-parameter search with pruning (--search)",
+    )
     _add_config_args(p)
     p.add_argument(
         "--grid", action="append", default=[], help="KEY=V1,V2,... (repeat for a product grid)"
     )
+    _add_search_args(p)
     p.add_argument("--steps", type=int, default=8, help="learner steps per point")
     p.add_argument("--out", default="", help="folder for the runs (default: runs/tune-<time>)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -329,6 +333,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def _add_search_args(p) -> None:
+    """`tune --search`: the options of the Optuna search (dapo_async/bench/search.py)."""
+    p.add_argument(
+        "--search",
+        action="append",
+        default=[],
+        help="KEY=low:high[:log]: a searched key and its range (repeat; integers stay integers)",
+    )
+    p.add_argument("--trials", type=int, default=8, help="--search: trials (default 8)")
+    p.add_argument(
+        "--objective",
+        default="heldout",
+        choices=("heldout", "reward", "samples_per_s"),
+        help="--search: what to maximise (held-out accuracy at the last evaluation, default)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="--search: held-out evaluation (and pruning check) every N steps; 0 = --steps/4",
+    )
+    p.add_argument("--pruner", default="median", choices=("median", "halving"), help="--search")
+    p.add_argument("--budget-s", type=float, default=0, help="--search: wall-clock limit, 0 = none")
+    p.add_argument("--resume", action="store_true", help="--search: continue the study in --out")
+    p.add_argument("--seed", type=int, default=0, help="--search: the TPE sampler's seed")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
 """`dapo-async tune CONFIG --grid KEY=V1,V2 [--grid ...] [overrides]`: a throughput-tuning sweep.
+(With ``--search KEY=low:high`` instead: a hyper-parameter search on the learning curve,
+``search.py``.)
 
 Runs one short training job (`dapo-async train`) per point of the grid (the product of every
 ``--grid``), measures each with the same steady-state figures as `bench async` (learner samples/s
@@ -38,6 +40,12 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
 def main(args: argparse.Namespace) -> int:
     from dapo_async.config import ConfigError, load_config
 
+    if args.search:  # a learning-curve search (Optuna), not a throughput grid
+        if args.grid or args.recommend:
+            raise SystemExit("tune: --search does not combine with --grid or --recommend")
+        from dapo_async.bench import search
+
+        return search.main(args)
     grid = parse_grid(args.grid)
     if not grid and not args.recommend:
         raise SystemExit("tune: give at least one --grid KEY=V1,V2 (or --recommend)")
