@@ -20,6 +20,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# Histogram bins of an Aim Distribution (Aim's own limit is 512).
+DIST_BINS = 64
+
 
 class Tracker:
     def __init__(
@@ -102,6 +105,18 @@ class Tracker:
             self._aim.track(Text(text), name=name, step=step, context=ctx)
         except Exception as e:
             log.warning("Aim text failed: %s", e)
+
+    def distribution(self, name: str, values, step: int) -> None:
+        """A step's values (numpy) as an Aim ``Distribution`` (a histogram per step)."""
+        if self._aim is None or len(values) == 0:
+            return
+        try:
+            from aim import Distribution
+
+            dist = Distribution(samples=values, bin_count=DIST_BINS)
+            self._aim.track(dist, name=name, step=step, context={"role": self.role})
+        except Exception as e:
+            log.warning("Aim distribution failed: %s", e)
 
     def close(self) -> None:
         self._jsonl.close()

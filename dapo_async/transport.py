@@ -171,13 +171,27 @@ def connect_client(
 # --------------------------------------------------------------------------- messages
 
 
+# Bytes this process sent and received as messages on its sockets (``resources.py`` reports
+# them per role).
+TRAFFIC = {"sent": 0, "received": 0}
+
+
+def _count(key: str, frames) -> None:
+    TRAFFIC[key] += sum(f.buffer.nbytes if isinstance(f, zmq.Frame) else memoryview(f).nbytes
+                        for f in frames)  # fmt: skip
+
+
 def send(sock: zmq.Socket, msg: protocol.Message, flags: int = 0) -> None:
-    sock.send_multipart(protocol.encode(msg), flags=flags, copy=False)
+    frames = protocol.encode(msg)
+    sock.send_multipart(frames, flags=flags, copy=False)
+    _count("sent", frames)
 
 
 def send_routed(sock: zmq.Socket, identity: bytes, msg: protocol.Message) -> None:
     """Send from a ROUTER to the peer ``identity`` (dropped by ZeroMQ if it is gone)."""
-    sock.send_multipart([identity, *protocol.encode(msg)], copy=False)
+    frames = protocol.encode(msg)
+    sock.send_multipart([identity, *frames], copy=False)
+    _count("sent", frames)
 
 
 def _wait(sock: zmq.Socket, timeout_s: float | None) -> None:
@@ -195,6 +209,7 @@ def recv(
     """Receive and decode one message (RecvTimeout, or ProtocolError for a bad one)."""
     _wait(sock, timeout_s)
     frames = sock.recv_multipart(copy=False)
+    _count("received", frames)
     return protocol.decode(frames, max_bytes=max_bytes)
 
 
@@ -219,6 +234,7 @@ def recv_routed_user(
     CurveZMQ): what ``Server.role_of`` maps to a role."""
     _wait(sock, timeout_s)
     frames = sock.recv_multipart(copy=False)
+    _count("received", frames[1:])
     identity = frames[0].bytes
     user = None
     if len(frames) > 1:

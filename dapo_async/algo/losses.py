@@ -140,10 +140,12 @@ def policy_loss(
     global_num_seqs: float | None = None,
     ref_logp_BT: torch.Tensor | None = None,
     tap: dict | None = None,
+    weights_out: list | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled clipped policy loss; returns (scalar loss, metrics). A ``tap`` dict receives
     the per-token tensors a reader wants (``clip_marks``): ratio_BT, is_weight_BT (raw),
-    clip_BT, keep_BT."""
+    clip_BT, keep_BT; ``weights_out`` gets the raw importance weights of the unmasked tokens
+    (the learner's ``is_weight`` distribution)."""
     mask_BT = mask_BT.to(logp_BT.dtype)
     behav = behav_logp_BT.detach()
     prox = behav if (cfg.bypass or prox_logp_BT is None) else prox_logp_BT.detach()
@@ -172,6 +174,8 @@ def policy_loss(
         metrics |= weight_quantiles(w_raw_BT, mask_BT)
         if kl_BT is not None:
             metrics["kl_ref"] = _masked_mean(kl_BT.detach(), mask_BT).item()
+        if weights_out is not None:
+            weights_out.append(w_raw_BT[mask_BT > 0])
         if tap is not None:
             tap |= {
                 "ratio_BT": r_BT.detach(),

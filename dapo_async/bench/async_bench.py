@@ -155,7 +155,8 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     run = round_runner(args, steps, root)
     sync = run("sync", "buffer.max_staleness=0")
     asyn = run("async", f"buffer.max_staleness={args.staleness}")
-    return {
+    out = versus(args, run, asyn["samples_per_s"])
+    return out | {
         "steps": steps,
         "steady_state_from_step": 1 + args.staleness,
         "max_staleness": args.staleness,
@@ -176,13 +177,32 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     }
 
 
+def versus(args: argparse.Namespace, run, async_samples_per_s: float) -> dict:
+    """``--versus``: the async job once more with those overrides, in the same round."""
+    if not getattr(args, "versus", None):
+        return {}
+    alt = run("versus", f"buffer.max_staleness={args.staleness}", *args.versus)
+    return {
+        "versus": list(args.versus),
+        "versus_samples_per_s": alt["samples_per_s"],
+        "versus_learner_idle": alt["learner_idle"],
+        "async_vs_versus": async_samples_per_s / alt["samples_per_s"],
+    }
+
+
 def default_summary(out: dict) -> str:
-    return (
+    text = (
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
         f"{_spread(out, 'async_learner_idle')}); speedup {_spread(out, 'speedup')}x"
     )
+    if "versus" in out:
+        text += (
+            f"; with {' '.join(out['versus'])}: {out['versus_samples_per_s']:.1f} samples/s, "
+            f"async/that {_spread(out, 'async_vs_versus', '.3f')}"
+        )
+    return text
 
 
 def median_of_rounds(rounds: list[dict]) -> dict:

@@ -76,6 +76,15 @@ def _async(p: argparse.ArgumentParser) -> None:
         "round's own ratio, with their range",
     )
     p.add_argument(
+        "--versus",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="default workload: each round also runs the async job with these overrides "
+        "(repeat), reported beside it as versus_* and async_vs_versus (an A/B in one run, e.g. "
+        "tracking.samples_per_step=0 for what recording costs)",
+    )
+    p.add_argument(
         "--decode-delay-ms",
         type=float,
         default=0.0,

@@ -22,6 +22,7 @@ from dapo_async.data.datasets import group_repeats, load_source
 from dapo_async.data.prompts import encode_in_child
 from dapo_async.hub import resolve_paths
 from dapo_async.keys import generate_keys, run_keys_dir
+from dapo_async.resources import ResourceMeter
 from dapo_async.roles import StopFlag, setup_logging, write_endpoint
 from dapo_async.sample_records import dropped_record, newest_version, render, token_decoder
 from dapo_async.samples import SampleLog
@@ -121,6 +122,7 @@ def main(args: argparse.Namespace) -> int:
     tracker = Tracker.for_role(cfg, "buffer")
     show = partial(render, decode=token_decoder(cfg.model.source_dir))
     samples = SampleLog.for_role(cfg, "buffer", tracker, show)
+    meter = ResourceMeter()  # CPU, memory, bytes on its socket: resources/*
 
     def record_drop(group, why: str) -> None:  # a few dropped groups per step and reason
         if samples.take(newest_version(group), why):
@@ -140,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
         server,
         wal_path=(run_dir / WAL_NAME) if cfg.buffer.wal else None,
         # step = the learner version the buffer has seen (wall time is each record's "time")
-        on_stats=lambda s: tracker.track(s, svc.state.version),
+        on_stats=lambda s: tracker.track(s | meter.metrics(), svc.state.version),
         mixture=mixture,
         on_drop=record_drop,
     )

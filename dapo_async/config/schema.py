@@ -317,6 +317,27 @@ class TrackingConfig:
         "buffer's dropped groups per reason; 0 = none.",
         ge=0,
     )
+    alert_entropy_frac: float = F(
+        0.05,
+        "Warn when the policy's entropy falls below this fraction of its first step's "
+        "(entropy collapse); 0 = off.",
+        ge=0,
+        lt=1,
+    )
+    alert_clip_frac: float = F(
+        0.2,
+        "Warn when the clipped share of tokens (low + high + dual) exceeds this; 0 = off.",
+        ge=0,
+    )
+    alert_is_weight_p95: float = F(
+        2.0,
+        "Warn when the 95th percentile of the importance weights π_prox/π_behav exceeds this "
+        "(stale data far from the policy); 0 = off.",
+        ge=0,
+    )
+    alert_heldout_drop: float = F(
+        0.1, "Warn when held-out accuracy falls this far below its best so far; 0 = off.", ge=0
+    )
     samples_max_mb: float = F(
         8.0,
         "Cap of each role's samples file (<run_dir>/samples/<role>.jsonl); past half of it the "

@@ -30,6 +30,7 @@ from dapo_async.generator.scoring import make_scorer
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
 from dapo_async.hub import resolve_paths
+from dapo_async.resources import ResourceMeter
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
 from dapo_async.sample_records import render
 from dapo_async.samples import SampleLog
@@ -56,6 +57,7 @@ def main(args: argparse.Namespace) -> int:
 
     sock = connect_buffer(ctx := zmq.Context(), cfg, endpoint, gen_id)
     tracker = Tracker.for_role(cfg, gen_id)
+    meter = ResourceMeter(lambda: weights.bytes)  # CPU, memory, bytes moved: resources/*
     g = cfg.generator
     share = cores.for_role(cfg, gen_id, g.engine)
     if share is not None:  # at every decode step: a lender that woke up gets its core back
@@ -64,23 +66,12 @@ def main(args: argparse.Namespace) -> int:
     kwargs = dict(
         poll_weights=weights.poll,
         # step = the weights version the engine holds (wall time is each record's "time")
-        on_metrics=lambda m: tracker.track(m, engine.version),
+        on_metrics=lambda m: tracker.track(m | meter.metrics(), engine.version),
         engine_name=g.engine,
         cores=share,
         samples=SampleLog.for_role(cfg, gen_id, tracker, render),  # readable rollouts
     )
-    if g.mode == "stream":
-        stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
-        loop = StreamLoop(
-            *args,
-            stream=stream,
-            inflight_target=g.inflight_target,
-            inflight_updates=g.inflight_updates,
-            refill_at=refill_sequences(g),
-            **kwargs,
-        )
-    else:
-        loop = GeneratorLoop(*args, **kwargs)
+    loop = make_loop(cfg, engine, args, kwargs)
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)
     try:
         counters = loop.run(stop)
@@ -101,3 +92,18 @@ def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:], id="")))
+
+
+def make_loop(cfg, engine, args: tuple, kwargs: dict):
+    """The generator's loop: streaming (``generator.mode=stream``) or batch."""
+    g = cfg.generator
+    if g.mode != "stream":
+        return GeneratorLoop(*args, **kwargs)
+    return StreamLoop(
+        *args,
+        stream=engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed),
+        inflight_target=g.inflight_target,
+        inflight_updates=g.inflight_updates,
+        refill_at=refill_sequences(g),
+        **kwargs,
+    )

@@ -38,6 +38,7 @@ class ReconnectingReceiver:
         self.log = log
         self.receiver: WeightReceiver | None = connect(CONNECT_TIMEOUT_S)
         self.broken_since = 0.0
+        self.bytes = 0  # weights received so far (resources/wsync_mb)
 
     def poll(self) -> None:
         now = time.monotonic()
@@ -56,6 +57,7 @@ class ReconnectingReceiver:
         if got is not None:
             state, version = got
             self.engine.update_weights(state, version)
+            self.bytes += sum(t.numel() * t.element_size() for t in state.values())
             self.log.debug("weights v%d applied", version)
 
     def _reconnect(self, now: float) -> bool:

@@ -159,7 +159,9 @@ def status_line(run_dir: Path, t0: float, num_steps: int) -> str:
     if not rows:
         return f"[train {time.monotonic() - t0:5.0f}s] waiting for the first step…"
     m = rows[-1]
+    alerts = [k.removeprefix("alert/") for k, v in m.items() if k.startswith("alert/") and v]
     return (
+        f"{'⚠ ' + ' '.join(alerts) + ' ' if alerts else ''}"  # dapo_async/alerts.py
         f"[train {time.monotonic() - t0:5.0f}s] step {int(m['step'])}/{num_steps} "
         f"sampled-acc {m.get('rollout/sampled_accuracy', float('nan')):.3f} "
         f"trained-acc {m['rollout/trained_accuracy']:.3f} "

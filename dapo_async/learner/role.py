@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import time
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -46,10 +45,9 @@ from dapo_async.learner.lora import (
     load_adapter_state,
 )
 from dapo_async.learner.parallel import Parallel
+from dapo_async.learner.reporting import StepReport
 from dapo_async.learner.trainer import Trainer
 from dapo_async.roles import read_endpoint
-from dapo_async.sample_records import render, trained_record
-from dapo_async.samples import SampleLog
 from dapo_async.tracking import Tracker
 from dapo_async.utils import atomic_write_json
 from dapo_async.weight_sync.factory import make_publisher
@@ -85,7 +83,7 @@ class Learner:
         self.resume_from = checkpoint_dirs.latest(self.ckpt_root) if resume else None
         if rank == 0:  # a summary left by an earlier session of this run is not this one's end
             (self.run_dir / eval_snapshots.SUMMARY_FILE).unlink(missing_ok=True)
-        self.tracker = self.publisher = self.samples = None
+        self.tracker = self.publisher = self.report = None
         self.eval_records: list = []
         self.full = None  # rank 0: the full weights after the last step (gathered under FSDP2)
         self.idle_s = self.eval_s = 0.0
@@ -117,9 +115,9 @@ class Learner:
             self.cores.watch(cores.decoder_layers(self.model))
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
-            show = partial(render, decode=self.tokenizer.decode)
-            self.samples = SampleLog.for_role(cfg, "learner", self.tracker, show)
             self.publisher = make_publisher(cfg, self.run_dir, self.device)
+            sent = lambda: getattr(self.publisher, "stats", {}).get("bytes", 0)  # noqa: E731
+            self.report = StepReport(cfg, self.tracker, self.tokenizer.decode, self.log, sent)
             self.eval_records = load_heldout(cfg.data, cfg.seed)
         return self
 
@@ -332,9 +330,8 @@ class Learner:
             else:
                 metrics.update(self._evaluate())
             metrics["time/eval_s"] = time.monotonic() - t0  # what the learner waited
+        self.report.after_step(self.trainer, metrics)  # readable rows, distributions, alerts
         self.tracker.track(metrics, self.trainer.version)
-        for row in self.trainer.recorded:  # what it trained, readable (dapo-async inspect)
-            self.samples.write(trained_record(self.trainer.version, row))
         if (step + 1) % self.cfg.tracking.log_every == 0:
             self.log.info(
                 "step %d/%d sampled-acc %.3f trained-acc %.3f trained-reward %.3f "

@@ -56,6 +56,10 @@ from dapo_async.protocol import Group
 STALENESS_BINS = 16
 
 
+# Values per step a distribution keeps (importance weights: one per trained token otherwise).
+DIST_SAMPLES = 10_000
+
+
 class Trainer:
     """Owns the optimizer, schedule and policy version of one rank; the model lives in ``par``."""
 
@@ -114,6 +118,7 @@ class Trainer:
         self.record_rows = 0
         self.recorded: list[dict] = []
         self._tap: dict | None = None
+        self.distributions: dict[str, np.ndarray] = {}  # the last step's (``_distributions``)
 
     # ------------------------------------------------------------------ helpers
 
@@ -192,9 +197,11 @@ class Trainer:
         forward = partial(self._forward_logp, self.train_model)
         loss = partial(self.objective.loss, forward)
         tap = self._tap = {} if self.record_rows else None
+        self.objective.weights = [] if self.record_rows else None
         metrics = self._updates(self._plan(rows), t0, self.objective.counts, loss)
         self.objective.tap = None
         self.recorded = tapped_rows(rows, tap, self.record_rows) if tap else []
+        self.distributions = self._distributions(rows) if self.record_rows else {}
         self.scheduler.step()
         self.version += 1
         metrics.update(self._batch_stats(rows))
@@ -244,6 +251,19 @@ class Trainer:
         budget = self.learner.micro_batch_tokens
         split = [split_pairs(rows, p, budget) for p in parts]
         return self._micro_batches(rows, split, unit=self.objective.unit)
+
+    def _distributions(self, rows: Rows) -> dict[str, np.ndarray]:
+        """The step's per-token staleness and raw importance weights (at most DIST_SAMPLES of
+        them, evenly spaced), for Aim ``Distribution``s."""
+        out = {}
+        if len(rows):
+            out["staleness"] = np.concatenate([self.version - 1 - v for v in rows.versions])
+        weights, self.objective.weights = self.objective.weights, None
+        if weights:
+            w_N = torch.cat([w.float() for w in weights])
+            stride = max(1, w_N.numel() // DIST_SAMPLES)
+            out["is_weight"] = w_N[::stride].cpu().numpy()
+        return out
 
     def _batch_stats(self, rows: Rows) -> dict[str, float]:
         lens = np.array([len(r) for r in rows.responses], dtype=np.float64)

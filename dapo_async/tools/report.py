@@ -118,6 +118,27 @@ PLOTS: dict[str, Figure] = {
         },
         x="time",
     ),
+    "resources.png": Figure(
+        "Resources per role (resources/*)",
+        {
+            role_panel: {
+                f"{role}:resources/{key}": name
+                for role, name in (
+                    ("learner", "learner"),
+                    ("buffer", "buffer"),
+                    ("gen", "generator"),
+                )
+            }
+            for role_panel, key in (
+                ("CPU % (100 = one core)", "cpu_percent"),
+                ("resident memory (MiB)", "rss_mb"),
+                ("GPU memory allocated (MiB)", "gpu_allocated_mb"),
+                ("socket bytes sent (MiB)", "sent_mb"),
+                ("weight sync (MiB)", "wsync_mb"),
+            )
+        },
+        x="time",
+    ),
 }
 
 

@@ -1,6 +1,7 @@
 """`dapo-async bench async`: steady-state figures come from the learner's own step records."""
 
 import json
+from pathlib import Path
 
 import pytest
 from testutil import run_cli
@@ -98,3 +99,32 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     assert "cores/borrowed_s" in gen
     cfg = (tmp_path / "stream" / "config.yaml").read_text()
     assert "decode_delay_s: 0.001" in cfg  # the slower generator
+
+
+def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
+    import argparse
+
+    from dapo_async.bench.async_bench import default_round
+
+    calls = []
+
+    def fake_runner(args, steps, root):
+        def run(name, *overrides):
+            calls.append((name, overrides))
+            rate = {"sync": 10.0, "async": 19.0, "versus": 20.0}[name]
+            return {"samples_per_s": rate, "learner_idle": 0.1, "staleness_mean": 0.5,
+                    "learner_lent_s": 0.0, "generator_borrowed_s": 0.0}  # fmt: skip
+
+        return run
+
+    import dapo_async.bench.async_bench as ab
+
+    args = argparse.Namespace(staleness=2, versus=["tracking.samples_per_step=0"])
+    real, ab.round_runner = ab.round_runner, fake_runner
+    try:
+        out = default_round(args, 24, Path("unused"))
+    finally:
+        ab.round_runner = real
+    assert calls[-1] == ("versus", ("buffer.max_staleness=2", "tracking.samples_per_step=0"))
+    assert out["async_vs_versus"] == 19.0 / 20.0 and out["versus_samples_per_s"] == 20.0
+    assert "with tracking.samples_per_step=0: 20.0 samples/s" in ab.default_summary(out)

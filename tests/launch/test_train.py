@@ -15,6 +15,7 @@ import torch
 import yaml
 from testutil import TRAIN_FAST, last_json, max_generator_version, run_cli
 
+from dapo_async.alerts import NAMES as ALERT_NAMES
 from dapo_async.samples import read_samples
 from dapo_async.tracking import read_metrics
 
@@ -156,7 +157,8 @@ def _chain_answer(prompt: str) -> int:
 def test_inspect_shows_what_the_run_sampled_trained_and_dropped(finished_run, repo, cli_env):
     """`dapo-async inspect` on the finished main job: the worst groups of a chosen step and the
     trained responses with their clip marks, checked against the task and the run's own
-    metrics; the same records reached Aim as Text. (This run keeps every group: the buffer's
+    metrics; the same records reached Aim as Text, the step's distributions as Aim
+    Distributions; alert flags and each role's resource use are in its metrics. (This run keeps every group: the buffer's
     dropped records are checked on a real buffer process, tests/buffer/test_buffer_process.py.)"""
     run, _ = finished_run
 
@@ -192,16 +194,28 @@ def test_inspect_shows_what_the_run_sampled_trained_and_dropped(finished_run, re
     assert {r["step"] for r in recorded} == set(learner)  # every step recorded what it trained
     out = run_cli(repo, cli_env, "inspect", str(run), "--worst", "--n", "1", "--no-colour")
     assert "sampled group" in out.stdout and "prompt: <bos>" in out.stdout  # decoded
-    assert {"samples/group", "samples/trained"} <= aim_texts(run.parent / "aim")
+    assert {"samples/group", "samples/trained"} <= aim_sequences(run.parent / "aim", "texts")
+    # staleness and importance weights as a histogram per step; alert flags with the scalars
+    assert {"dist/staleness", "dist/is_weight"} <= aim_sequences(
+        run.parent / "aim", "distributions"
+    )
+    assert all(f"alert/{n}" in learner[4] for n in ALERT_NAMES)
+    # what each role used: CPU, memory, bytes on its sockets, weights sent and received
+    gen_role = next(p.stem for p in (run / "metrics").glob("gen*.jsonl"))
+    last = {role: read_metrics(run, role)[-1] for role in ("buffer", gen_role)} | {"l": learner[4]}
+    for role, m in last.items():
+        assert m["resources/rss_mb"] > 10 and m["resources/cpu_percent"] >= 0, role
+        assert m["resources/sent_mb"] > 0 and m["resources/received_mb"] > 0, role
+    assert learner[4]["resources/wsync_mb"] > 0 and last[gen_role]["resources/wsync_mb"] > 0
 
 
-def aim_texts(aim_repo) -> set:
-    """Names of the Text sequences the run's Aim runs hold."""
+def aim_sequences(aim_repo, kind: str) -> set:
+    """Names of the sequences of one kind ("texts", "distributions") the Aim runs hold."""
     from aim import Repo
 
     names = set()
     for aim_run in Repo(str(aim_repo)).iter_runs():
-        names |= {t["name"] for t in aim_run.collect_sequence_info(["texts"])["texts"]}
+        names |= {t["name"] for t in aim_run.collect_sequence_info([kind])[kind]}
     return names
 
 

@@ -37,6 +37,8 @@ class Objective:
         # set to a dict by the learner to read one micro-batch's per-token tensors: the next
         # ``loss`` call of an objective that supports it fills it (and resets this to None)
         self.tap: dict | None = None
+        # a list to collect the step's raw importance weights into (the learner's distribution)
+        self.weights: list | None = None
 
     @property
     def needs_reference(self) -> bool:

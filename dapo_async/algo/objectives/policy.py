@@ -73,6 +73,7 @@ class PolicyObjective(Objective):
             global_num_seqs=max(g_seqs, 1.0),
             ref_logp_BT=mb.ref_logp_BT,
             tap=tap,
+            weights_out=self.weights,
         )
         w = mb.mask_BT.sum().item()
         for key, v in m.items():

@@ -1,0 +1,34 @@
+"""What a role reports about itself (``resources.py``): CPU, resident memory, the bytes its
+messages moved through real ZeroMQ sockets (counted in ``transport``), and its weight-sync
+bytes; GPU memory only where the process uses a GPU."""
+
+import zmq
+
+from dapo_async import protocol, transport
+from dapo_async.resources import ResourceMeter
+
+
+def test_a_roles_meter_counts_the_bytes_its_messages_move_and_what_it_uses():
+    ctx = zmq.Context()
+    server = transport.bind_server(ctx, zmq.ROUTER)
+    client = transport.connect_client(ctx, zmq.DEALER, server.endpoint)
+    try:
+        meter = ResourceMeter(lambda: 3 << 20)
+        sent0, recv0 = transport.TRAFFIC["sent"], transport.TRAFFIC["received"]
+        msg = protocol.Heartbeat(generator_id="g" * 200, version=3)
+        size = sum(len(bytes(f)) for f in protocol.encode(msg))
+        for _ in range(5):
+            transport.send(client, msg)
+            _, got = transport.recv_routed(server.socket, timeout_s=10)
+            assert got == msg
+        assert transport.TRAFFIC["sent"] - sent0 == 5 * size
+        assert transport.TRAFFIC["received"] - recv0 == 5 * size
+        sum(i * i for i in range(300_000))  # some CPU time to measure
+        m = meter.metrics()
+        assert m["resources/cpu_percent"] > 0 and m["resources/rss_mb"] > 10
+        assert m["resources/sent_mb"] >= 5 * size / 2**20 and m["resources/wsync_mb"] == 3.0
+        assert not any(k.startswith("resources/gpu_") for k in m)  # no GPU in use here
+    finally:
+        client.close(linger=0)
+        server.socket.close(linger=0)
+        ctx.term()
