@@ -154,7 +154,6 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import optuna
 
     from dapo_async.config import ConfigError, load_config
 
@@ -178,20 +177,7 @@ def main(args: argparse.Namespace) -> int:
         given = load_config(args.config, base)  # fail fast on a bad key or value
     except ConfigError as e:
         raise SystemExit(f"tune: {e}") from None
-    pruner = (
-        optuna.pruners.SuccessiveHalvingPruner()
-        if args.pruner == "halving"
-        else optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_every)
-    )
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=STUDY_NAME,
-        storage=f"sqlite:///{db.resolve()}",
-        load_if_exists=True,
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=args.seed),
-        pruner=pruner,
-    )
+    study = open_study(db, args.pruner, eval_every, args.seed)
     start = defaults(given, space)
     if start is not None and not study.trials:
         study.enqueue_trial(start, user_attrs={"default": True})
@@ -215,6 +201,23 @@ def main(args: argparse.Namespace) -> int:
         callbacks=[_stop_at(deadline)],
     )
     return report(study, root, args)
+
+
+def open_study(db: Path, pruner: str, eval_every: int, seed: int):
+    """The study in ``db`` (created, or loaded to resume): maximise; TPE; the pruner."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=f"sqlite:///{db.resolve()}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+        pruner=optuna.pruners.SuccessiveHalvingPruner()
+        if pruner == "halving"
+        else optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_every),
+    )
 
 
 def _stop_at(deadline: float):

@@ -37,15 +37,19 @@ def parse_grid(items: list[str]) -> list[tuple[str, list[str]]]:
     return grid
 
 
+def _search(args: argparse.Namespace) -> int:
+    if args.grid or args.recommend:
+        raise SystemExit("tune: --search does not combine with --grid or --recommend")
+    from dapo_async.bench import search
+
+    return search.main(args)
+
+
 def main(args: argparse.Namespace) -> int:
     from dapo_async.config import ConfigError, load_config
 
     if args.search:  # a learning-curve search (Optuna), not a throughput grid
-        if args.grid or args.recommend:
-            raise SystemExit("tune: --search does not combine with --grid or --recommend")
-        from dapo_async.bench import search
-
-        return search.main(args)
+        return _search(args)
     grid = parse_grid(args.grid)
     if not grid and not args.recommend:
         raise SystemExit("tune: give at least one --grid KEY=V1,V2 (or --recommend)")

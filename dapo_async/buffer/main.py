@@ -98,6 +98,16 @@ def previous_port(run_dir) -> int:
         return 0
 
 
+def drop_recorder(samples: SampleLog):
+    """``on_drop`` of the service: a few dropped groups per step and reason, readable."""
+
+    def record(group, why: str) -> None:
+        if samples.take(newest_version(group), why):
+            samples.write(dropped_record(group, why))
+
+    return record
+
+
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg, weights=False)  # the buffer reads the tokenizer only
@@ -123,11 +133,6 @@ def main(args: argparse.Namespace) -> int:
     show = partial(render, decode=token_decoder(cfg.model.source_dir))
     samples = SampleLog.for_role(cfg, "buffer", tracker, show)
     meter = ResourceMeter()  # CPU, memory, bytes on its socket: resources/*
-
-    def record_drop(group, why: str) -> None:  # a few dropped groups per step and reason
-        if samples.take(newest_version(group), why):
-            samples.write(dropped_record(group, why))
-
     svc = BufferService(
         cfg.buffer,
         cfg.data.shuffle_seed,
@@ -144,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
         # step = the learner version the buffer has seen (wall time is each record's "time")
         on_stats=lambda s: tracker.track(s | meter.metrics(), svc.state.version),
         mixture=mixture,
-        on_drop=record_drop,
+        on_drop=drop_recorder(samples),
     )
     write_endpoint(run_dir, "buffer", server.endpoint)
     log.info("serving on %s (wal=%s)", server.endpoint, cfg.buffer.wal)
@@ -152,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
         while not stop:
             svc.run_once()
     finally:
-        tracker.track(svc.stats(), svc.state.version)
+        tracker.track(svc.stats() | meter.metrics(), svc.state.version)
         _write_final(run_dir, svc)
         svc.close()
         server.close()

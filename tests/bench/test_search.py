@@ -78,6 +78,7 @@ def test_a_search_on_the_tiny_policy_prunes_writes_the_best_config_and_resumes(
     fast = [
         f"model.path={tiny_model}", "buffer.groups_per_step=4", "generator.prompts_per_batch=4",
         "generator.responses_per_prompt=4", "data.num_eval=32", "tracking.aim=true",
+        "buffer.dynamic_sampling=false",
     ]  # fmt: skip
     out_dir = tmp_path / "runs" / "s"
     args = [
