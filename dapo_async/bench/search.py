@@ -43,6 +43,10 @@ POLL_S = 1.0
 # A pruned or timed-out trial's launcher gets this long to stop its roles after Ctrl-C.
 STOP_WAIT_S = 60.0
 STUDY_NAME = "tune"
+# A trial whose learner has logged no step this long after its start is ended as failed (a
+# config that never trains, e.g. dynamic sampling filtering every group, must not stall the
+# search); generous against the ~20 s start-up of the tiny job on 2 cores.
+FIRST_STEP_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -120,8 +124,12 @@ def run_trial(trial, cmd: list[str], run_dir: Path, objective: str, deadline: fl
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
         reported: set[int] = set()
         pruned = late = False
+        stalled_at = time.monotonic() + FIRST_STEP_TIMEOUT_S
         while proc.poll() is None:
             time.sleep(POLL_S)
+            if time.monotonic() > stalled_at and not read_metrics(run_dir, "learner")[1:]:
+                _stop(proc)
+                raise RuntimeError(f"no learner step in {FIRST_STEP_TIMEOUT_S:.0f} s ({run_dir})")
             for step, value in curve(run_dir, objective):
                 if step not in reported:
                     reported.add(step)
