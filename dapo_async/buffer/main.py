@@ -8,6 +8,7 @@ to ``<run_dir>/endpoints/buffer`` and serves until SIGINT/SIGTERM.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from functools import partial
 
@@ -102,8 +103,11 @@ def drop_recorder(samples: SampleLog):
     """``on_drop`` of the service: a few dropped groups per step and reason, readable."""
 
     def record(group, why: str) -> None:
-        if samples.take(newest_version(group), why):
-            samples.write(dropped_record(group, why))
+        try:  # a refused group may be malformed in ways its record cannot show: skip it
+            if samples.take(newest_version(group), why):
+                samples.write(dropped_record(group, why))
+        except Exception as e:
+            logging.getLogger(__name__).debug("dropped group not recorded: %s", e)
 
     return record
 
