@@ -57,7 +57,9 @@ class ReconnectingReceiver:
         if got is not None:
             state, version = got
             self.engine.update_weights(state, version)
-            self.bytes += sum(t.numel() * t.element_size() for t in state.values())
+            self.bytes += sum(
+                t.numel() * t.element_size() for t in state.values() if hasattr(t, "element_size")
+            )
             self.log.debug("weights v%d applied", version)
 
     def _reconnect(self, now: float) -> bool:
