@@ -446,10 +446,14 @@ def test_report_writes_pngs(finished_run, tmp_path, repo, cli_env):
         "throughput.png",
         "idle.png",
         "distributions.png",
+        "resources.png",
+        "examples.md",
     }
-    for name in names:
+    for name in names - {"examples.md"}:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    page = (tmp_path / "examples.md").read_text()  # the run's recorded rollouts, one page
+    assert page.startswith("# Recorded rollouts of run") and "sampled group" in page
     # two runs overlaid (here the same run under two names), into --out
     other = tmp_path / "copy" / run.name
     shutil.copytree(run / "metrics", other / "metrics")
