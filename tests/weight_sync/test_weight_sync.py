@@ -306,7 +306,7 @@ def test_member_killed_while_the_group_forms_costs_the_formation_bound_not_the_t
         time.sleep(1.5)  # both heartbeats are in: the first epoch has both members
         t0 = time.monotonic()
         pub.publish(_state(1), 1)
-        got = out.get(timeout=90)
+        got = out.get(timeout=150)
         took = time.monotonic() - t0
         doomed.join(5)
     finally:
@@ -319,5 +319,8 @@ def test_member_killed_while_the_group_forms_costs_the_formation_bound_not_the_t
     # the failed formation is counted; how many re-forms it took depends on when the death
     # was seen (a loaded machine may already leave the dead member out of the next epoch)
     assert pub.errors >= 1 and pub.stats["reforms"] >= 1
-    assert took < 60, f"the survivor waited {took:.0f}s"
+    # under the collective timeout (120 s): each failed formation costs form_timeout_s, and a
+    # dead member can stay in the next epochs until its heartbeat lapses (53 s seen on a busy
+    # 2-core machine; 3–13 s when quiet)
+    assert took < 110, f"the survivor waited {took:.0f}s"
     print(f"member killed mid-formation cost {took:.1f}s (collective timeout 120 s)")
