@@ -20,6 +20,8 @@ import json
 import logging
 from pathlib import Path
 
+from dapo_async.tracking import read_jsonl
+
 log = logging.getLogger(__name__)
 
 # Per-token marks of the learner's records: why a token's gradient was clipped.
@@ -102,14 +104,7 @@ def read_samples(run_dir: str | Path, role: str | None = None) -> list[dict]:
     if not d.is_dir():
         return []
     files = sorted(d.glob(f"{role or '*'}.jsonl.1")) + sorted(d.glob(f"{role or '*'}.jsonl"))
-    out = []
-    for p in files:
-        for line in p.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
-    return out
+    return [record for p in files for record in read_jsonl(p)]
 
 
 def runs(values) -> list[list[int]]:

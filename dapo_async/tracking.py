@@ -162,7 +162,11 @@ def index_aim_runs(repo: str) -> int:
 
 
 def read_metrics(run_dir: str | Path, role: str) -> list[dict]:
-    p = Path(run_dir) / "metrics" / f"{role}.jsonl"
+    return read_jsonl(Path(run_dir) / "metrics" / f"{role}.jsonl")
+
+
+def read_jsonl(p: Path) -> list[dict]:
+    """The records of a JSON-lines file ([] when it is missing; a line cut by a crash skipped)."""
     if not p.exists():
         return []
     out = []
