@@ -177,7 +177,11 @@ def _add_model_commands(sub) -> None:
     p = sub.add_parser("init-tiny", help="build (or reuse) the built-in tiny policy")
     p.add_argument("--out", default=".cache/tiny", help="model directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--task", default="chain", help="warm-start task: chain | arith")
+    p.add_argument(
+        "--task",
+        default="chain",
+        help="warm-start task: chain | arith | calc (multi-turn, calculator tool)",
+    )
     p.add_argument("--difficulty", type=int, default=3, help="warm-start task difficulty")
     p.add_argument(
         "--max-difficulty", type=int, default=0, help="mixed difficulty up to this (0 = off)"

@@ -18,6 +18,7 @@ import numpy as np
 from dapo_async.data.datasets import group_repeats
 from dapo_async.data.prompts import PromptRenderer
 from dapo_async.data.tasks import PromptRecord
+from dapo_async.generator.rollouts import EpisodeRunner, Sample, info_means, load_rollout
 
 # Prompts per engine call during evaluation (bounds memory).
 EVAL_BATCH = 64
@@ -76,8 +77,6 @@ def evaluate_engine(
     """avg@k / pass@k of ``engine`` (anything with ``generate(prompt ids, params)``). Rows that
     repeat a prompt (an eval file repeated 32 times for avg@32) are folded: the prompt is
     rendered once and sampled repeats × k times, weighted by its repeats."""
-    from dataclasses import replace
-
     from dapo_async.engines.base import SamplingParams
 
     e = cfg.eval
@@ -94,6 +93,9 @@ def evaluate_engine(
     folded = group_repeats(records)
     stats: list[PromptStats] = []
     lengths: list[int] = []
+    # episodes as the generators play them (generator.rollout; default: one response each)
+    runner = EpisodeRunner(load_rollout(cfg.generator.rollout), engine, params, tokenizer)
+    infos: list = []
     for start in range(0, len(folded), EVAL_BATCH):
         chunk = folded[start : start + EVAL_BATCH]
         texts = [renderer.render(r.messages) for r, _ in chunk]
@@ -103,7 +105,8 @@ def evaluate_engine(
             by_n.setdefault(1 if greedy else repeats * k, []).append(i)  # greedy: all alike
         scored: dict[int, PromptStats] = {}
         for n, idx in by_n.items():
-            outs = engine.generate([ids[i] for i in idx], replace(params, n=n))
+            outs = _episodes(runner, [ids[i] for i in idx], [chunk[i][0] for i in idx], n)
+            infos += [c for comps in outs for c in comps]
             for i, comps in zip(idx, outs):
                 record, repeats = chunk[i]
                 scored[i] = _score(cfg, record, repeats, texts[i], comps, lengths)
@@ -112,6 +115,7 @@ def evaluate_engine(
             progress(min(start + EVAL_BATCH, len(folded)), len(folded))
     out = _summary(stats, k)
     out["eval/response_len_mean"] = float(np.mean(lengths)) if lengths else 0.0
+    out.update({f"eval/rollout/{k}": v for k, v in info_means(infos).items()})
     for source in sorted({s.record.data_source for s in stats}):
         part = [s for s in stats if s.record.data_source == source]
         if len(part) < len(stats):  # per source only where there are several
@@ -119,6 +123,17 @@ def evaluate_engine(
             out[f"eval/{source}/accuracy"] = per["eval/accuracy"]
             out[f"eval/{source}/pass_at_k"] = per["eval/pass_at_k"]
     return out
+
+
+def _episodes(runner, ids: list[list[int]], records: list[PromptRecord], n: int) -> list[list]:
+    """``n`` episodes of each prompt (completions, in prompt order)."""
+    samples = [
+        Sample(p, r.ground_truth, extra=dict(r.extra), index=j)
+        for p, r in zip(ids, records)
+        for j in range(n)
+    ]
+    comps = [t.completion() for t in runner.run(samples)]
+    return [comps[k : k + n] for k in range(0, len(comps), n)]
 
 
 @dataclass

@@ -43,7 +43,15 @@ class GeneratorConfig:
     inflight_updates: bool = F(
         True,
         "stream: take new weights between decode chunks, mid-response (every token carries "
-        "its version); false: only when nothing is in flight.",
+        "its version); false: only when nothing is in flight. batch with a multi-turn "
+        "`rollout`: between the turns of an episode.",
+    )
+    rollout: str = F(
+        "",
+        "The rollout function, `package.module:function` (async or plain): one episode, token "
+        "in and token out, environment tokens masked out of the loss (docs/rollouts.md). Empty "
+        "= one sampled response per episode. Built in: `dapo_async.tiny.calc:rollout` (the "
+        "tiny:calc calculator tool). Custom rollouts run in `mode: batch` for now.",
     )
     max_inflight: int = F(
         0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
@@ -97,6 +105,16 @@ class GeneratorConfig:
             "must be 0 or >= responses_per_prompt (one whole group)",
         )
         _need(self.top_k == -1 or self.top_k >= 1, f"{p}.top_k", "must be -1 or >= 1")
+        _need(
+            not self.rollout or self.rollout.count(":") == 1,
+            f"{p}.rollout",
+            "must be 'package.module:function' (or empty)",
+        )
+        _need(
+            not self.rollout or self.mode == "batch",
+            f"{p}.rollout",
+            "a custom rollout runs in batch mode for now: set generator.mode=batch",
+        )
         _need(
             self.decode_delay_s == 0 or self.engine == "hf",
             f"{p}.decode_delay_s",

@@ -59,7 +59,8 @@ class ModelConfig:
 class DataConfig:
     source: str = F(
         "tiny:arith",
-        "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain), a "
+        "Training prompts: `tiny:<task>` (built-in synthetic task: arith | chain | calc, the "
+        "last multi-turn with a calculator tool: `generator.rollout=dapo_async.tiny.calc:rollout`), a "
         ".parquet/.jsonl file in the DAPO-Math-17K schema, or a Hugging Face dataset id "
         "(`org/name`, `org/name@revision`, `org/name:file.parquet`; through the HF cache).",
         nonempty=True,

@@ -9,6 +9,10 @@ Families (``data.source = tiny:<family>``):
   controlled by difficulty (6 tokens a step, plus ``Answer: X`` and EOS). A difficulty range
   (``max_difficulty``) mixes lengths in one data set, so some responses are several times
   longer than others.
+- ``calc``: ``a*b=`` with ``difficulty`` digits per factor, too hard for a tiny model in its
+  head; the policy may call a calculator (``CALL 37*41`` then a newline; the environment appends
+  ``= 1517``) and answers ``Answer: 1517``. A multi-turn task: its rollout function is
+  ``dapo_async.tiny.calc:rollout``; the lines starting ``= `` are the environment's.
 
 Prompts are generated from a seed; a fixed hash partition of the prompt text decides the split
 (``in_eval_split``), so held-out prompts follow the training distribution and are never trained on.
@@ -21,7 +25,7 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
-TASK_FAMILIES = ("arith", "chain")
+TASK_FAMILIES = ("arith", "chain", "calc")
 DATA_SOURCE_PREFIX = "tiny:"
 # Seed offsets of the two splits: disjoint random streams from one user seed.
 TRAIN_STREAM, EVAL_STREAM = 1_000_003, 2_000_029
@@ -67,7 +71,33 @@ def _chain(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
     return prompt + "=", str(acc), ";".join(steps) + f";Answer: {acc}"
 
 
-_GENERATORS = {"arith": _arith, "chain": _chain}
+def _calc(rng: random.Random, difficulty: int) -> tuple[str, str, str]:
+    lo, hi = 10 ** (difficulty - 1), 10**difficulty - 1
+    a, b = rng.randint(max(lo, 2), hi), rng.randint(max(lo, 2), hi)
+    return f"{a}*{b}=", str(a * b), f"CALL {a}*{b}\n{ENV_PREFIX}{a * b}\nAnswer: {a * b}"
+
+
+# A line of a calc solution that starts with this is the calculator's (environment tokens).
+ENV_PREFIX = "= "
+
+_GENERATORS = {"arith": _arith, "chain": _chain, "calc": _calc}
+
+
+def response_segments(family: str, solution: str) -> list[tuple[str, bool]]:
+    """A solution as (text, sampled by the policy) pieces: the calculator's lines of a calc
+    solution are not the policy's (a warm start leaves them out of its loss)."""
+    if family != "calc":
+        return [(solution, True)]
+    return [(line, not line.startswith(ENV_PREFIX)) for line in solution.splitlines(True)]
+
+
+def shortcut_solution(family: str, prompt: str, solution: str) -> str:
+    """The solution with the shortcut answer (the prompt's first number) reported instead: the
+    worked steps kept (chain, arith), or answered at once without the tool (calc)."""
+    shortcut = re.match(r"-?\d+", prompt).group(0)
+    if family == "calc":
+        return f"Answer: {shortcut}"
+    return solution[: solution.rindex("Answer: ")] + f"Answer: {shortcut}"
 
 
 def make_example(family: str, rng: random.Random, difficulty: int) -> tuple[str, str, str]:
@@ -82,7 +112,7 @@ def worked_steps(family: str, prompt: str) -> str:
     the chain prompt ``3+4-2=``; empty for ``arith`` (its answer is the whole response)."""
     if family not in _GENERATORS:
         raise ValueError(f"unknown task family {family!r}; choose one of {TASK_FAMILIES}")
-    if family == "arith":
+    if family in ("arith", "calc"):
         return ""
     terms = re.findall(r"[+-]?\d+", prompt.rstrip("="))
     acc, steps = int(terms[0]), []

@@ -29,6 +29,9 @@ class SamplingParams:
     top_k: int = -1
     max_tokens: int = 32
     stop: tuple[str, ...] = ()
+    # token ids that end a response like EOS does (kept in it, finish "stop"): a multi-turn
+    # rollout ends a turn at, say, the newline after a tool call
+    stop_token_ids: tuple[int, ...] = ()
     logprobs_mode: str = "processed"
     seed: int | None = None
 
@@ -43,6 +46,14 @@ class Completion:
     # per token: the version of the weights it was sampled from (streaming engines, where an
     # update may land mid-response); None = the engine's version when the call started
     versions: np.ndarray | None = None
+    # per token: 1 = sampled by the policy, 0 = appended by an environment (multi-turn
+    # episodes, ``generator.rollouts``); None = every token sampled
+    sampled: np.ndarray | None = None
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the policy sampled (what overlong shaping and length budgets count)."""
+        return len(self.tokens) if self.sampled is None else int(self.sampled.sum())
 
 
 class Stream(Protocol):

@@ -2,7 +2,8 @@
 
 Behaviour log-probs come from the per-step scores ``generate`` returns: ``processed`` scores
 are the logits after temperature / top-k / top-p (what was sampled from), ``raw`` the model's
-logits. Sequences stop at EOS (kept in the response) or at ``max_tokens``.
+logits. Sequences stop at EOS or a ``stop_token_ids`` token (kept in the response) or at
+``max_tokens``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class HFEngine:
             # about sampling flags given without sampling)
             top_k=None if greedy else (0 if params.top_k <= 0 else params.top_k),
             max_new_tokens=params.max_tokens,
-            eos_token_id=self.eos_id,
+            eos_token_id=[self.eos_id, *params.stop_token_ids],
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
             output_scores=params.logprobs_mode == "processed",
@@ -82,9 +83,10 @@ class HFEngine:
         new_np = new_BL.cpu().numpy()
         logp_np = logp_BL.cpu().numpy()
         results: list[list[Completion]] = [[] for _ in prompts]
+        stop_ids = np.asarray([self.eos_id, *params.stop_token_ids])
         for i in range(len(expanded)):
             row = new_np[i]
-            eos_pos = np.nonzero(row == self.eos_id)[0]
+            eos_pos = np.nonzero(np.isin(row, stop_ids))[0]
             if eos_pos.size:
                 n_tok, finish = int(eos_pos[0]) + 1, "stop"
             else:

@@ -20,6 +20,7 @@ def vllm_params(params: SamplingParams):
         top_k=params.top_k if params.top_k > 0 else -1,
         max_tokens=params.max_tokens,
         stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
         logprobs=0,
         seed=params.seed,
     )

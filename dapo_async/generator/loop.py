@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from dapo_async import protocol
+from dapo_async.generator.rollouts import Sample, info_means
 from dapo_async.generator.session import (
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
@@ -34,7 +35,8 @@ MAX_IDLE_WAIT_S = 0.5
 
 
 class GeneratorLoop(GeneratorSession):
-    """Generates for one lease at a time, with the engine's ``generate``."""
+    """Generates for one lease at a time: the rollout function's episodes on the engine's
+    ``generate``."""
 
     def step(self, stop) -> bool:
         """One lease → generate → send round; False if nothing was generated."""
@@ -70,17 +72,28 @@ class GeneratorLoop(GeneratorSession):
         return self._grant
 
     def rollout(self, grant: protocol.LeaseGrant) -> tuple[list[protocol.Group], float]:
-        """Sample G responses for every leased prompt and score them: (groups, seconds spent
-        in the engine). Every token carries the engine's version at the start of the call."""
+        """Play G episodes of every leased prompt with the rollout function (``generator.
+        rollout``; the default samples one response each in one engine call) and score them:
+        (groups, seconds spent in the episodes). Every token carries the version of the
+        weights that sampled it."""
         t0 = time.monotonic()
         version = self.engine.version
-        outs = self.engine.generate(grant.prompts, self.params)
+        g = self.params.n
+        samples = [
+            Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id), index=i)
+            for lease_id, prompt, truth in zip(grant.prompt_ids, grant.prompts, grant.ground_truths)
+            for i in range(g)
+        ]
+        trajs = self.runner.run(samples)
+        comps = [t.completion() for t in trajs]
+        outs = [comps[k : k + g] for k in range(0, len(comps), g)]
         t_gen = time.monotonic() - t0
-        lens = [len(c.tokens) for comps in outs for c in comps]
+        lens = [c.num_sampled for c in comps]
         if lens:  # a batch decodes max(lens) steps for every row; the rest is padding
             self.t_slots += t_gen
             self.t_used += t_gen * sum(lens) / (len(lens) * max(max(lens), 1))
         per_prompt = t_gen / max(len(outs), 1)
+        self.rollout_info = info_means(comps)
         groups = self.score_groups(
             [
                 (lease_id, prompt, truth, comps, per_prompt)
@@ -106,6 +119,7 @@ class GeneratorLoop(GeneratorSession):
             "generator/groups_sent": float(self.counters["groups_sent"]),
         }
         out.update(self.reward_metrics(groups))
+        out.update({f"generator/rollout/{k}": v for k, v in self.rollout_info.items()})
         out.update(self.cores_metrics())
         return out
 

@@ -26,6 +26,7 @@ from dapo_async.generator.build import (
     sampling_params,
 )
 from dapo_async.generator.loop import GeneratorLoop
+from dapo_async.generator.rollouts import load_rollout
 from dapo_async.generator.scoring import make_scorer
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
@@ -70,6 +71,8 @@ def main(args: argparse.Namespace) -> int:
         engine_name=g.engine,
         cores=share,
         samples=SampleLog.for_role(cfg, gen_id, tracker, render),  # readable rollouts
+        rollout=load_rollout(g.rollout),  # one episode (generator.rollouts)
+        turn_updates=g.inflight_updates,
     )
     loop = make_loop(cfg, engine, args, kwargs)
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)

@@ -48,7 +48,17 @@ def make_group(
         ),
         finish=np.array([FINISH_REASONS[c.finish] for c in completions], dtype=np.uint8),
         gen_time_s=gen_time_s,
+        sampled=_sampled(completions, tokens.shape[0]),
     )
+
+
+def _sampled(completions: list[Completion], num_tokens: int) -> np.ndarray | None:
+    """The group's sampled mask: None when every token was sampled (single-turn)."""
+    if all(c.sampled is None for c in completions):
+        return None
+    return np.concatenate(
+        [np.ones(len(c.tokens), np.uint8) if c.sampled is None else c.sampled for c in completions]
+    ).astype(np.uint8)
 
 
 def _versions(completions: list[Completion], version: int, num_tokens: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from dapo_async import protocol, transport
 from dapo_async.cores import CoreShare
 from dapo_async.engines.base import Engine, SamplingParams
 from dapo_async.generator.rollout import make_group
+from dapo_async.generator.rollouts import EpisodeRunner, single_turn
 from dapo_async.generator.scoring import Scorer
 from dapo_async.sample_records import group_record, newest_version
 from dapo_async.samples import SampleLog
@@ -67,6 +68,8 @@ class GeneratorSession:
         engine_name: str = "hf",
         cores: CoreShare | None = None,
         samples: SampleLog | None = None,
+        rollout: Callable | None = None,
+        turn_updates: bool = False,
     ):
         self.id = generator_id
         self.engine = engine
@@ -82,6 +85,16 @@ class GeneratorSession:
         self.engine_name = engine_name
         self.cores = cores  # this host's core ledger (``dapo_async.cores``), or None
         self.samples = samples  # readable rollouts (``dapo_async.samples``), or None
+        # episodes (``generator.rollouts``): the rollout function's turns on this engine; with
+        # ``turn_updates`` new weights may land between the turns of an episode
+        self.runner = EpisodeRunner(
+            rollout or single_turn,
+            engine,
+            params,
+            getattr(engine, "tokenizer", None),
+            between_turns=poll_weights if turn_updates else None,
+        )
+        self.rollout_info: dict[str, float] = {}  # last batch's Trajectory.info means
         self._idle_seen = (0.0, time.monotonic())  # (time_idle, when) at the last observation
         self.seq = 0
         self.outbox: OrderedDict[protocol.GroupId, tuple[protocol.Group, float]] = OrderedDict()
@@ -221,7 +234,8 @@ class GeneratorSession:
         for lease_id, prompt, truth, comps, _ in done:
             prompt_texts.append(self._prompt_text(prompt))
             extra = _json_dict(self.extras.pop(lease_id, ""))
-            items += [(c.text, truth, len(c.tokens), prompt_texts[-1], extra) for c in comps]
+            # overlong shaping counts what the policy sampled, not environment tokens
+            items += [(c.text, truth, c.num_sampled, prompt_texts[-1], extra) for c in comps]
         scored = self.scorer(items)
         groups, k = [], 0
         for (lease_id, prompt, _, comps, took), text in zip(done, prompt_texts):
@@ -234,6 +248,10 @@ class GeneratorSession:
                 texts = [c.text for c in comps]
                 self.samples.write(group_record(g, text, texts, self.component_names))
         return groups
+
+    def extra_info(self, lease_id: int) -> dict:
+        """A leased prompt's extra_info (kept until its group is scored)."""
+        return _json_dict(self.extras.get(lease_id, ""))
 
     def _prompt_text(self, prompt) -> str:
         """The prompt as the model saw it (reward functions may take it)."""

@@ -38,6 +38,9 @@ class Rows:
     acc: np.ndarray  # float32 [N]
     truncated: np.ndarray  # bool [N]
     group: np.ndarray  # int64 [N]: index of the response's group within the shard
+    # per response, uint8 [n]: 1 where the policy sampled the token, 0 for environment tokens
+    # of a multi-turn episode (they stay in the input but leave the loss through mask_BT)
+    sampled: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -77,7 +80,7 @@ class MicroBatch:
 
 
 def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6) -> Rows:
-    prompts, responses, logps, versions = [], [], [], []
+    prompts, responses, logps, versions, sampled = [], [], [], [], []
     rewards, acc, truncated, sizes, group = [], [], [], [], []
     for gi, g in enumerate(groups):
         off = 0
@@ -87,6 +90,9 @@ def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6
             responses.append(np.asarray(g.tokens[off : off + n]))
             logps.append(np.asarray(g.logprobs[off : off + n]))
             versions.append(np.asarray(g.versions[off : off + n]))
+            sampled.append(
+                np.ones(n, np.uint8) if g.sampled is None else np.asarray(g.sampled[off : off + n])
+            )
             off += n
             rewards.append(float(g.rewards[i]))
             acc.append(float(g.acc[i]))
@@ -108,6 +114,7 @@ def groups_to_rows(groups: list[Group], norm_std: bool = True, eps: float = 1e-6
         np.asarray(acc, np.float32),
         np.asarray(truncated, bool),
         np.asarray(group, np.int64),
+        sampled,
     )
 
 
@@ -125,6 +132,7 @@ def subset(rows: Rows, idx: np.ndarray) -> Rows:
         rows.acc[pick],
         rows.truncated[pick],
         rows.group[pick],
+        None if rows.sampled is None else [rows.sampled[i] for i in items],
     )
 
 
@@ -200,6 +208,8 @@ def _padded(
         behav[k, :n] = torch.from_numpy(rows.behav_logprobs[i].astype(np.float32))
         vers[k, :n] = torch.from_numpy(rows.versions[i].astype(np.int64))
         mask[k, :n] = float(keep_B[k])
+        if rows.sampled is not None:  # environment tokens: no loss, KL, entropy or count
+            mask[k, :n] *= torch.from_numpy(rows.sampled[i].astype(np.float32))
         adv[k, :n] = float(rows.adv[i])
     arange_B = torch.arange(b, device=host)
     mb = MicroBatch(ids, attn, start, rlen, behav, adv, mask, vers, idx)

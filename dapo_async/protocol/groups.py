@@ -53,6 +53,10 @@ class Group:
     components: np.ndarray  # float32 [G, C], reward components (names on the batch)
     finish: np.ndarray  # uint8 [G], FINISH_* codes
     gen_time_s: float = 0.0
+    # uint8 [T]: 1 where the policy sampled the token, 0 for tokens an environment appended
+    # (a tool's result, a simulated user's turn: no loss, no KL, no entropy, no denominator);
+    # None = every token sampled (a single-turn response)
+    sampled: np.ndarray | None = None
 
     @property
     def group_id(self) -> GroupId:
@@ -83,6 +87,7 @@ GROUP_ARRAYS: dict[str, tuple[str, int]] = {
     "tokens": ("int32", 1),
     "logprobs": ("float32", 1),
     "versions": ("int32", 1),
+    "sampled": ("uint8", 1),
 }
 
 
@@ -169,6 +174,7 @@ class GroupBatch:
             "tokens": [g.tokens for g in groups],
             "logprobs": [g.logprobs for g in groups],
             "versions": [g.versions for g in groups],
+            "sampled": [_sampled(g) for g in groups],
         }
         shapes = {name: (len(groups),) for name in per_group}
         shapes.update({name: (sum(len(x) for x in v),) for name, v in parts.items()})
@@ -227,6 +233,7 @@ class GroupBatch:
             components=c["components"][rs],
             finish=c["finish"][rs],
             gen_time_s=float(c["gen_time_s"][i]),
+            sampled=c["sampled"][ts],
         )
 
     def group_ids(self) -> list[GroupId]:
@@ -257,7 +264,7 @@ class GroupBatch:
         if r and cols["response_lens"].min() < 0:
             raise ProtocolError("bad_value", "response_lens must be >= 0")
         t = int(cols["response_lens"].sum(dtype=np.int64))
-        for name in ("tokens", "logprobs", "versions"):
+        for name in ("tokens", "logprobs", "versions", "sampled"):
             if cols[name].shape[0] != t:
                 raise ProtocolError("length_mismatch", f"len({name}) != sum(response_lens)")
         for name in ("prompt_tokens", "tokens", "versions"):
@@ -273,3 +280,23 @@ class GroupBatch:
             raise ProtocolError("non_finite", "logprobs must be finite and <= 0")
         if r and cols["finish"].max() > FINISH_ABORT:
             raise ProtocolError("bad_value", "unknown finish code")
+        _check_sampled(cols["sampled"], cols["response_lens"])
+
+
+def _sampled(g: Group) -> np.ndarray:
+    """A group's sampled mask (all ones where it carries none)."""
+    return np.ones(g.num_tokens, np.uint8) if g.sampled is None else g.sampled
+
+
+def _check_sampled(sampled: np.ndarray, response_lens: np.ndarray) -> None:
+    """0/1 values, and every non-empty response starts with a token the policy sampled (an
+    episode opens with the policy's turn: environment tokens follow a prompt only as part of
+    the prompt)."""
+    if not sampled.size:
+        return
+    if sampled.max() > 1:
+        raise ProtocolError("bad_value", "sampled must hold 0 or 1")
+    starts = np.concatenate([[0], np.cumsum(response_lens[:-1], dtype=np.int64)])
+    firsts = starts[response_lens > 0]
+    if firsts.size and sampled[firsts].min() < 1:
+        raise ProtocolError("bad_value", "a response must start with a sampled token")

@@ -17,8 +17,9 @@ from dapo_async.protocol.groups import ALIGN, DTYPES, GROUP_ARRAYS, GroupBatch, 
 from dapo_async.protocol.messages import HINTS, MESSAGE_TYPES, Message
 
 # Header schema version, bumped on any incompatible change to a message (2: the heartbeat names
-# its generator `generator_id`, as every generator message does; it was `sender`).
-SCHEMA_VERSION = 2
+# its generator `generator_id`, as every generator message does; it was `sender`. 3: groups
+# carry a per-token `sampled` column, environment tokens of multi-turn episodes at 0).
+SCHEMA_VERSION = 3
 # A header is a few hundred bytes; 4 MiB leaves room for a batch of thousands of group ids.
 MAX_HEADER_BYTES = 4 << 20
 # Default bound on one message (all frames); a step batch of a large model fits well inside.

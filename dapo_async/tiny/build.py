@@ -33,15 +33,10 @@ import sys
 import time
 from pathlib import Path
 
-from dapo_async.data.tasks import (
-    draw_difficulty,
-    generate,
-    in_eval_split,
-    make_example,
-    steps_correct,
-)
+from dapo_async.data.tasks import generate, steps_correct
 from dapo_async.engines.base import SamplingParams
 from dapo_async.reward.verifiers import dapo_math_lenient, extract_answer
+from dapo_async.tiny.sft_data import sft_batch
 from dapo_async.tiny.tokenizer import build_tokenizer
 
 META_NAME = "tiny_meta.json"
@@ -85,6 +80,8 @@ class WarmStartError(RuntimeError):
 
 def decode_budget(task: str, difficulty: int, max_difficulty: int) -> int:
     hardest = max(difficulty, max_difficulty)
+    if task == "calc":  # "CALL a*b\n" + "Answer: " + the product + EOS, sampled
+        return 4 * hardest + 16 + DECODE_MARGIN
     per_step = TOKENS_PER_STEP if task == "chain" else 0
     return per_step * hardest + ANSWER_TOKENS + DECODE_MARGIN + (hardest if task == "arith" else 0)
 
@@ -144,40 +141,15 @@ def lr_factor(step: int, horizon: int) -> float:
     return SFT_MIN_LR_FRAC + (1 - SFT_MIN_LR_FRAC) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
-def _sft_batch(tokenizer, rng: random.Random, task: str, batch: int, lo: int, hi: int):
-    import torch
-
-    seqs, starts = [], []
-    for _ in range(batch):
-        prompt, truth, solution = make_example(task, rng, draw_difficulty(rng, lo, hi))
-        while in_eval_split(prompt):  # never warm-start on held-out prompts
-            prompt, truth, solution = make_example(task, rng, draw_difficulty(rng, lo, hi))
-        if rng.random() < SFT_CORRUPT_P:  # the shortcut: report the first number of the prompt
-            shortcut = re.match(r"-?\d+", prompt).group(0)
-            solution = solution[: solution.rindex("Answer: ")] + f"Answer: {shortcut}"
-        p = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
-        p_ids = tokenizer(p, add_special_tokens=False).input_ids
-        r_ids = tokenizer(solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        seqs.append(p_ids + r_ids)
-        starts.append(len(p_ids))
-    width = max(map(len, seqs))
-    ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((batch, width), -100, dtype=torch.long)
-    attn = torch.zeros((batch, width), dtype=torch.long)
-    for i, (s, st) in enumerate(zip(seqs, starts)):
-        ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
-        labels[i, st : len(s)] = torch.tensor(s[st:])
-    return ids, attn, labels
-
-
 def greedy_figures(model, tokenizer, task: str, records, max_tokens: int) -> dict[str, float]:
     """Greedy decoding of ``records``: accuracy, steps_ok (every step right) and shortcut_rate
     (the answer reported is the prompt's first number)."""
     from dapo_async.engines.hf import HFEngine
 
+    if task == "calc":  # a multi-turn task: its episodes, with the tool (tiny/calc.py)
+        from dapo_async.tiny.calc import check_figures
+
+        return check_figures(model, tokenizer, records, max_tokens)
     was_training = model.training
     engine = HFEngine("", model=model, tokenizer=tokenizer)
     ids = [
@@ -258,7 +230,7 @@ def _sft_step(
     for group in opt.param_groups:
         group["lr"] = SFT_LR * lr_factor(step, horizon)
     lo, hi = levels
-    ids, attn, labels = _sft_batch(tokenizer, rng, task, SFT_BATCH, lo, max(lo, hi))
+    ids, attn, labels = sft_batch(tokenizer, rng, task, SFT_BATCH, (lo, max(lo, hi)), SFT_CORRUPT_P)
     loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
     opt.zero_grad()
     loss.backward()
