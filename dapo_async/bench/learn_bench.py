@@ -7,6 +7,10 @@ weights and warm-start data), then runs the main job once per RL seed (``--rl-se
 before and after, ``gain_min``, ``gain_mean``, ``before_mean``, ``after_mean``, the warm start's
 steps per init seed, ``cpu_model`` (from /proc/cpuinfo) and ``minutes`` (the whole bench).
 
+``--task tiny:calc`` runs the multi-turn calculator job (configs/tiny_calc.yaml, policies in
+``<cache-root>/tiny-calc-seed<S>``) and adds the share of held-out episodes that call the tool,
+before and after (``tool_call_before`` / ``tool_call_after``, per run and as means).
+
 A cached tiny policy is reused only when its fingerprint matches; ``--fresh`` deletes the cache
 dirs first, so the warm start runs here, on this CPU (what a fresh clone does).
 """
@@ -28,7 +32,13 @@ from dapo_async.tiny.build import META_NAME, cpu_model
 def read_result(run_dir: Path) -> dict[str, float]:
     """Held-out accuracy before and after one run, and its gain."""
     before, after = heldout_accuracy(run_dir, "before"), heldout_accuracy(run_dir, "after")
-    return {"before": before, "after": after, "gain": after - before}
+    out = {"before": before, "after": after, "gain": after - before}
+    for when in ("before", "after"):  # multi-turn tasks: the share of episodes using a tool
+        path = run_dir / f"eval_{when}.json"
+        figures = json.loads(path.read_text()) if path.is_file() else {}
+        if "eval/rollout/tool_call" in figures:
+            out[f"tool_call_{when}"] = figures["eval/rollout/tool_call"]
+    return out
 
 
 def aggregate(runs: list[dict]) -> dict[str, float]:
@@ -48,19 +58,25 @@ def aggregate(runs: list[dict]) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from dapo_async.bench.options import TASK_CONFIGS
     from dapo_async.config import load_config
+    from dapo_async.data.tasks import parse_source
 
     init_seeds = parse_seeds(args.init_seeds, "--init-seeds")
     rl_seeds = parse_seeds(args.rl_seeds, "--rl-seeds")
     base = ["tracking.aim=false", *args.overrides]
-    load_config(args.config, base)  # fail fast on a bad override, before minutes of training
+    config = args.config or TASK_CONFIGS[args.task]
+    # fail fast on a bad override, before minutes of training
+    family = parse_source(load_config(config, base).data.source) or "chain"
     cache_root = Path(args.cache_root)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dapo-bench-learn-"))
     t0 = time.monotonic()
     runs: list[dict] = []
     warm_start_steps: dict[str, int] = {}
     for init_seed in init_seeds:
-        tiny_dir = cache_root / f"tiny-seed{init_seed}"
+        # the main job's policies keep their old place; another task's warm start its own
+        name = f"tiny-seed{init_seed}" if family == "chain" else f"tiny-{family}-seed{init_seed}"
+        tiny_dir = cache_root / name
         if args.fresh:
             shutil.rmtree(tiny_dir, ignore_errors=True)
         for rl_seed in rl_seeds:
@@ -70,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
                 f"model.tiny_seed={init_seed}",
                 f"seed={rl_seed}",
             ]
-            run_train(args.config, [*base, *extra], run_dir, tag="bench learn")
+            run_train(config, [*base, *extra], run_dir, tag="bench learn")
             r = {"init_seed": init_seed, "rl_seed": rl_seed, **read_result(run_dir)}
             runs.append(r)
             print(
@@ -81,13 +97,19 @@ def main(args: argparse.Namespace) -> int:
             )
         meta = json.loads((tiny_dir / META_NAME).read_text())
         warm_start_steps[str(init_seed)] = meta.get("sft_steps_run", 0)
+    tools = {
+        f"tool_call_{w}_mean": sum(r[f"tool_call_{w}"] for r in runs) / len(runs)
+        for w in ("before", "after")
+        if all(f"tool_call_{w}" in r for r in runs)
+    }
     out = {
         "runs": runs,
         **aggregate(runs),
+        **tools,
         "warm_start_steps": warm_start_steps,
         "cpu_model": cpu_model(),
         "minutes": round((time.monotonic() - t0) / 60, 2),
-        "config": args.config,
+        "config": config,
         "run_root": str(root),
     }
     return print_result(

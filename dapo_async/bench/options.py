@@ -18,6 +18,8 @@ LADDER_CONFIG = "configs/tiny_long.yaml"
 # `bench async --workload longtail`: responses of 1 to 10 steps.
 LONGTAIL_CONFIG = "configs/tiny_longtail.yaml"
 DEFAULT_SEEDS = "0,1,2"
+# `bench learn --task`: the config of each built-in task's job.
+TASK_CONFIGS = {"tiny:chain": DEFAULT_CONFIG, "tiny:calc": "configs/tiny_calc.yaml"}
 
 
 def _runs(p: argparse.ArgumentParser, config: str | None, config_help: str = "") -> None:
@@ -119,7 +121,14 @@ def _ablation(p: argparse.ArgumentParser) -> None:
 
 
 def _learn(p: argparse.ArgumentParser) -> None:
-    _runs(p, DEFAULT_CONFIG)
+    _runs(p, "", f"the run config (default: the --task's, {DEFAULT_CONFIG} for tiny:chain)")
+    p.add_argument(
+        "--task",
+        default="tiny:chain",
+        choices=sorted(TASK_CONFIGS),
+        help="the built-in task whose job runs: tiny:chain (the main job) or tiny:calc "
+        "(multi-turn, a calculator tool; reports the share of episodes that call it)",
+    )
     p.add_argument("--init-seeds", default=DEFAULT_SEEDS, help="tiny-policy init seeds")
     p.add_argument("--rl-seeds", default="0,1", help="RL seeds per init seed")
     p.add_argument(

@@ -51,7 +51,8 @@ class GeneratorConfig:
         "The rollout function, `package.module:function` (async or plain): one episode, token "
         "in and token out, environment tokens masked out of the loss (docs/rollouts.md). Empty "
         "= one sampled response per episode. Built in: `dapo_async.tiny.calc:rollout` (the "
-        "tiny:calc calculator tool). Custom rollouts run in `mode: batch` for now.",
+        "tiny:calc calculator tool). Stream mode plays episodes on the continuous-batching "
+        "decoder (async functions only).",
     )
     max_inflight: int = F(
         0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
@@ -110,11 +111,7 @@ class GeneratorConfig:
             f"{p}.rollout",
             "must be 'package.module:function' (or empty)",
         )
-        _need(
-            not self.rollout or self.mode == "batch",
-            f"{p}.rollout",
-            "a custom rollout runs in batch mode for now: set generator.mode=batch",
-        )
+
         _need(
             self.decode_delay_s == 0 or self.engine == "hf",
             f"{p}.decode_delay_s",

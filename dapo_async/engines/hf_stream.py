@@ -1,7 +1,8 @@
 """Continuous batching for the ``hf`` engine: sequences join and leave a running batch, and new
 weights are taken between chunks of ``chunk_tokens`` decode steps.
 
-    add_request(id, prompt, params) ─► pending
+    add_request(id, prompt, params) ─► pending (one sampler for all: requests differ only in n,
+                                        max_tokens and stop_token_ids)
     step():  pending? prefill them, merge into the batch's KV cache (left-padded)
              new weights and reset_kv? recompute the whole batch's KV with them
              decode chunk_tokens tokens for every sequence (one forward per token: the lean
@@ -23,7 +24,7 @@ finished between two reads decodes a few wasted steps, never a wrong token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -85,6 +86,8 @@ class _Seq:
     versions: list[int] = field(default_factory=list)
     finish: str = ""
     logits_version: int = -1  # weights that computed this row's next-token logits
+    max_tokens: int = 0  # this request's length limit
+    stops: frozenset = frozenset()  # token ids that end it (EOS and its stop_token_ids)
 
 
 class HFStream:
@@ -117,13 +120,19 @@ class HFStream:
         return len(self.active) + len(self.pending)
 
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        # one sampler for the batch: requests may differ in n, length limit and stop tokens only
+        shared = replace(params, n=1, max_tokens=1, stop_token_ids=())
         if self.params is None:
-            self.params = params
-        elif params != self.params:
+            self.params = shared
+        elif shared != self.params:
             raise ValueError("all requests of one stream share its sampling parameters")
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} is already in flight")
-        seqs = [_Seq(request_id, list(map(int, prompt))) for _ in range(params.n)]
+        stops = frozenset([self.engine.eos_id, *params.stop_token_ids])
+        seqs = [
+            _Seq(request_id, list(map(int, prompt)), max_tokens=params.max_tokens, stops=stops)
+            for _ in range(params.n)
+        ]
         self.requests[request_id] = seqs
         self.pending.extend(seqs)
 
@@ -217,7 +226,7 @@ class HFStream:
         tokens_KB = torch.stack([t for t, _ in unread]).double()  # ids are exact in float64
         logps_KB = torch.stack([lp for _, lp in unread]).clamp(max=0.0).double()
         tokens_KB, logps_KB = torch.stack([tokens_KB, logps_KB]).tolist()
-        eos, max_tokens, version = self.engine.eos_id, self.params.max_tokens, self.engine.version
+        version = self.engine.version
         live = False
         for b, s in enumerate(self.active):
             for tokens_B, logps_B in zip(tokens_KB, logps_KB):
@@ -228,9 +237,9 @@ class HFStream:
                 s.logprobs.append(logps_B[b])
                 s.versions.append(s.logits_version)
                 s.logits_version = version  # the next logits come from the current weights
-                if t == eos:
+                if t in s.stops:
                     s.finish = "stop"
-                elif len(s.tokens) >= max_tokens:
+                elif len(s.tokens) >= s.max_tokens:
                     s.finish = "length"
             live = live or not s.finish
         return live

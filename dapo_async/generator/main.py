@@ -25,8 +25,9 @@ from dapo_async.generator.build import (
     refill_sequences,
     sampling_params,
 )
+from dapo_async.generator.episode_stream import EpisodeStream
 from dapo_async.generator.loop import GeneratorLoop
-from dapo_async.generator.rollouts import load_rollout
+from dapo_async.generator.rollouts import RolloutError, load_rollout
 from dapo_async.generator.scoring import make_scorer
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
@@ -42,6 +43,11 @@ from dapo_async.utils import atomic_write_json
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_paths(load_config(args.config, args.overrides))  # Hub ids: local paths
     check_model_dirs(cfg)
+    try:
+        rollout = load_rollout(cfg.generator.rollout)  # before the model loads: fail fast
+    except RolloutError as e:
+        print(f"generator: {e}", file=sys.stderr)
+        return 2
     # Unique per process: a restarted generator must not reuse the group ids (id, seq) of its
     # previous incarnation, which the buffer would ack as duplicates.
     gen_id = f"{args.id or 'gen'}-{uuid.uuid4().hex[:8]}"
@@ -71,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         engine_name=g.engine,
         cores=share,
         samples=SampleLog.for_role(cfg, gen_id, tracker, render),  # readable rollouts
-        rollout=load_rollout(g.rollout),  # one episode (generator.rollouts)
+        rollout=rollout,  # one episode (generator.rollouts)
         turn_updates=g.inflight_updates,
     )
     loop = make_loop(cfg, engine, args, kwargs)
@@ -102,9 +108,12 @@ def make_loop(cfg, engine, args: tuple, kwargs: dict):
     g = cfg.generator
     if g.mode != "stream":
         return GeneratorLoop(*args, **kwargs)
+    stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
+    if g.rollout:  # episodes of the rollout function, their turns on the engine's stream
+        stream = EpisodeStream(stream, kwargs["rollout"], engine)
     return StreamLoop(
         *args,
-        stream=engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed),
+        stream=stream,
         inflight_target=g.inflight_target,
         inflight_updates=g.inflight_updates,
         refill_at=refill_sequences(g),

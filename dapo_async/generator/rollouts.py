@@ -21,7 +21,8 @@ before them; they travel with ``sampled`` = 0 and leave the loss (``learner.batc
     results ─► the waiting episodes go on ─► between_turns() (new weights may land here)
 
 A plain ``def`` rollout runs its episodes one after another (``ctx.generate`` then returns the
-turn itself). Examples: ``examples/tool_rollout.py``, ``examples/dialogue_rollout.py``.
+turn itself). Stream mode plays episodes on the engine's continuous-batching decoder instead
+(``episode_stream.EpisodeStream``, async rollouts only). Examples: ``examples/tool_rollout.py``, ``examples/dialogue_rollout.py``.
 """
 
 from __future__ import annotations
@@ -272,11 +273,7 @@ class EpisodeRunner:
                         self.between_turns()
             for t, s in zip(tasks, samples):
                 if t.exception() is not None:
-                    e = t.exception()
-                    raise RolloutError(
-                        f"the rollout function {_name(self.fn)} failed on prompt tokens "
-                        f"{s.prompt_tokens[:16]}…: {type(e).__name__}: {e}"
-                    ) from e
+                    raise episode_failed(self.fn, s, t.exception()) from t.exception()
             return [self._check(t.result(), s) for t, s in zip(tasks, samples)]
         finally:
             for t in tasks:
@@ -312,24 +309,11 @@ class EpisodeRunner:
             self.engine_calls += 1
             for key, comps in zip(keys, outs):
                 for i, c in zip(merged[key], comps):
-                    out[i] = _turn(c, version)
+                    out[i] = turn_of(c, version)
         return out  # type: ignore[return-value]
 
     def _check(self, traj: Any, sample: Sample) -> Trajectory:
-        if not isinstance(traj, Trajectory):
-            raise RolloutError(
-                f"the rollout function {_name(self.fn)} returned {type(traj).__name__}, not a "
-                "Trajectory (build one with Episode.trajectory())"
-            )
-        n = len(traj.tokens)
-        arrays = (traj.logprobs, traj.versions) + (() if traj.sampled is None else (traj.sampled,))
-        if any(len(a) != n for a in arrays):
-            raise RolloutError(f"{_name(self.fn)}: trajectory arrays differ in length")
-        if n and traj.sampled is not None and traj.sampled[0] != 1:
-            raise RolloutError(f"{_name(self.fn)}: a trajectory must start with a sampled token")
-        if not traj.text and self.tokenizer is not None:
-            traj.text = self.tokenizer.decode(list(map(int, traj.tokens)), skip_special_tokens=True)
-        return traj
+        return check_trajectory(traj, self.fn, self.tokenizer)
 
 
 class _SyncContext(RolloutContext):
@@ -339,7 +323,33 @@ class _SyncContext(RolloutContext):
         return self.generate_now(token_ids, max_tokens, stop_token_ids)
 
 
-def _turn(c: Completion, version: int) -> Turn:
+def check_trajectory(traj: Any, fn: Callable, tokenizer=None) -> Trajectory:
+    """``traj`` if it is a well-formed Trajectory (its text decoded if empty), else
+    RolloutError naming ``fn``."""
+    if not isinstance(traj, Trajectory):
+        raise RolloutError(
+            f"the rollout function {_name(fn)} returned {type(traj).__name__}, not a "
+            "Trajectory (build one with Episode.trajectory())"
+        )
+    n = len(traj.tokens)
+    arrays = (traj.logprobs, traj.versions) + (() if traj.sampled is None else (traj.sampled,))
+    if any(len(a) != n for a in arrays):
+        raise RolloutError(f"{_name(fn)}: trajectory arrays differ in length")
+    if n and traj.sampled is not None and traj.sampled[0] != 1:
+        raise RolloutError(f"{_name(fn)}: a trajectory must start with a sampled token")
+    if not traj.text and tokenizer is not None:
+        traj.text = tokenizer.decode(list(map(int, traj.tokens)), skip_special_tokens=True)
+    return traj
+
+
+def episode_failed(fn: Callable, sample: Sample, e: BaseException) -> RolloutError:
+    return RolloutError(
+        f"the rollout function {_name(fn)} failed on prompt tokens {sample.prompt_tokens[:16]}…: "
+        f"{type(e).__name__}: {e}"
+    )
+
+
+def turn_of(c: Completion, version: int) -> Turn:
     versions = c.versions if c.versions is not None else np.full(len(c.tokens), version, np.int32)
     return Turn(
         np.asarray(c.tokens, np.int32),

@@ -10,7 +10,8 @@ and a new prompt is leased to take its place. No step waits for a whole batch.
 
 Same outbox, acks, resends and hello/heartbeat as the batch loop (``session.GeneratorSession``,
 which both extend); the engine's streaming decoder (``Engine.stream``: ``HFStream``,
-``VLLMStream``) is passed in.
+``VLLMStream``) is passed in, or with a rollout function (``generator.rollout``) an
+``episode_stream.EpisodeStream`` over it, whose requests are episodes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections import deque
 import numpy as np
 
 from dapo_async import protocol
+from dapo_async.generator.rollouts import Sample
 from dapo_async.generator.session import (
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
@@ -112,7 +114,11 @@ class StreamLoop(GeneratorSession):
         ):
             lease_id, prompt, truth, _, _ = self.waiting.popleft()
             rid = f"{self.id}:{lease_id}"
-            self.stream.add_request(rid, prompt, self.params)
+            if getattr(self.stream, "plays_episodes", False):  # a rollout function's episodes
+                sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
+                self.stream.add_request(rid, prompt, self.params, sample)
+            else:
+                self.stream.add_request(rid, prompt, self.params)
             self.inflight[rid] = (lease_id, prompt, truth, now)
         n = self.params.n
         if self.stream.num_inflight + n * len(self.waiting) > self.refill_at:

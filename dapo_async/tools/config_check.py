@@ -13,6 +13,7 @@ sees GPUs, that the learner ranks and a generator's tensor-parallel group fit in
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -124,7 +125,22 @@ def problems(cfg) -> list[str]:
     if cfg.model.reference_path:
         problem = model_dir_problem(cfg.model.reference_path)
         out += [f"model.reference_path: {problem}"] if problem else []
-    return out + _data_problems(cfg) + _gpu_problems(cfg)
+    return out + _data_problems(cfg) + _gpu_problems(cfg) + _rollout_problems(cfg)
+
+
+def _rollout_problems(cfg) -> list[str]:
+    """The rollout function imports, and stream mode gets an ``async def`` one."""
+    from dapo_async.generator.rollouts import RolloutError, load_rollout
+
+    g = cfg.generator
+    try:
+        fn = load_rollout(g.rollout)
+    except RolloutError as e:
+        return [f"generator.rollout: {e}"]
+    if g.rollout and g.mode == "stream" and not inspect.iscoroutinefunction(fn):
+        return [f"generator.rollout: {g.rollout} is a plain function; stream mode needs an "
+                "`async def` one (or set generator.mode=batch)"]  # fmt: skip
+    return []
 
 
 def main(args: argparse.Namespace) -> int:

@@ -67,8 +67,9 @@ def _groups(prompts, trajs, g):
     return list(P.decode([bytes(memoryview(f).cast("B")) for f in frames]).batch)
 
 
+@pytest.mark.parametrize("mode", ["batch", "stream"])
 @pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
-def test_three_turn_behaviour_logprobs_equal_the_learners(kind, tiny_model, cli_env):
+def test_three_turn_behaviour_logprobs_equal_the_learners(kind, mode, tiny_model, cli_env):
     from transformers import AutoModelForCausalLM
 
     from dapo_async.engines.hf import HFEngine
@@ -78,8 +79,10 @@ def test_three_turn_behaviour_logprobs_equal_the_learners(kind, tiny_model, cli_
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
     tok = HFEngine(str(tiny_model), model=model).tokenizer
     prompts = chat_prompts(tok, 4)
-    res = run_vllm_script(HERE / "rollout_probe.py", cli_env, kind, tiny_model, json.dumps(prompts))
-    assert res["engine_calls"] == 3  # one engine call a turn for all 8 episodes
+    res = run_vllm_script(HERE / "rollout_probe.py", cli_env, kind, tiny_model,
+                          json.dumps(prompts), mode)  # fmt: skip
+    if mode == "batch":
+        assert res["engine_calls"] == 3  # one engine call a turn for all 8 episodes
     env = tok("|ok|", add_special_tokens=False).input_ids
     trajs = []
     for e in res["episodes"]:
@@ -98,7 +101,7 @@ def test_three_turn_behaviour_logprobs_equal_the_learners(kind, tiny_model, cli_
     on = mb.mask_BT > 0
     assert int(on.sum()) == sum(int(np.sum(e["sampled"])) for e in res["episodes"])
     delta = (logp - mb.behav_logp_BT)[on].abs().max().item()
-    print(f"[{kind}] max |behaviour - learner| over 3 turns: {delta:.2e}")
+    print(f"[{kind} {mode}] max |behaviour - learner| over 3 turns: {delta:.2e}")
     assert delta <= MULTI_TURN_TOL
 
 
@@ -211,3 +214,48 @@ def test_sampled_mask_travels_and_is_checked_on_the_wire():
         g2.sampled = np.asarray(bad, np.uint8)
         with pytest.raises(P.ProtocolError, match=words):
             P.GroupBatch.from_groups([g2], ["x"]).validate()
+
+
+async def _slow_or_fast(ctx, sample):
+    """Six turns for a request marked slow, one otherwise; the environment says "|" between."""
+    ep = Episode(sample.prompt_tokens)
+    turns = 6 if sample.extra.get("slow") else 1
+    for k in range(turns):
+        ep.add_turn(await ctx.generate(ep.tokens, max_tokens=4))
+        if k < turns - 1:
+            ep.add_env(ctx.encode("|"))
+    return ep.trajectory()
+
+
+def test_stream_mode_a_slow_episode_holds_no_other_and_updates_land_between_turns(tiny_model):
+    """Episodes on the hf engine's continuous-batching decoder: a one-turn request comes back
+    while a six-turn one plays on; weights given mid-episode tag the later turns with the new
+    version, the environment's tokens with the version of the turn they answer."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo_async.engines.hf import HFEngine
+    from dapo_async.generator.episode_stream import EpisodeStream
+    from dapo_async.generator.rollouts import Sample as S
+
+    eng = HFEngine(str(tiny_model), model=AutoModelForCausalLM.from_pretrained(str(tiny_model)))
+    prompts = chat_prompts(eng.tokenizer, 2)
+    stream = EpisodeStream(eng.stream(4, seed=0), _slow_or_fast, eng)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=40)
+    stream.add_request("slow", prompts[0], params, S(prompts[0], extra={"slow": True}))
+    stream.add_request("fast", prompts[1], params, S(prompts[1]))
+    order, done, steps = [], {}, 0
+    state = {k: v + 0.01 for k, v in eng.model.state_dict().items()}
+    while stream.num_inflight:
+        for rid, comps in stream.step():
+            order.append((rid, steps))
+            done[rid] = comps
+        steps += 1
+        if steps == 2:
+            eng.update_weights(state, 1)
+    assert [rid for rid, _ in order] == ["fast", "slow"] and order[0][1] < order[1][1]
+    for c in done["slow"]:
+        env = c.sampled == 0
+        assert int(env.sum()) == 5 and set(c.versions.tolist()) == {0, 1}
+        before = np.concatenate([[c.versions[0]], c.versions[:-1]])
+        assert np.array_equal(c.versions[env], before[env])  # the turn each one answers
+    assert all(c.sampled is None or c.sampled.all() for c in done["fast"])
