@@ -18,7 +18,7 @@ import numpy as np
 from dapo_async.data.datasets import group_repeats
 from dapo_async.data.prompts import PromptRenderer
 from dapo_async.data.tasks import PromptRecord
-from dapo_async.generator.rollouts import EpisodeRunner, Sample, info_means, load_rollout
+from dapo_async.rollouts import EpisodeRunner, Sample, info_means, load_rollout
 
 # Prompts per engine call during evaluation (bounds memory).
 EVAL_BATCH = 64

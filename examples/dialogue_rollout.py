@@ -7,7 +7,7 @@ reward reads the whole episode (`reward` below, or add a reward model: reward.mo
 
 import re
 
-from dapo_async.generator.rollouts import Episode
+from dapo_async.rollouts import Episode
 
 _ANSWER = re.compile(r"Answer: (-?\d+)")
 

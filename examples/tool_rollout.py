@@ -7,7 +7,7 @@ own; the tool's answer is appended as environment tokens (no loss) and the polic
 import ast
 import operator
 
-from dapo_async.generator.rollouts import Episode
+from dapo_async.rollouts import Episode
 
 MAX_CALLS = 3
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}

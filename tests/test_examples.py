@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from dapo_async.engines.base import Completion, SamplingParams
-from dapo_async.generator.rollouts import EpisodeRunner, Sample
+from dapo_async.rollouts import EpisodeRunner, Sample
 
 sys.path.insert(0, str(REPO))  # `examples` is importable from the repo root, as in a run
 

@@ -57,6 +57,15 @@ def aggregate(runs: list[dict]) -> dict[str, float]:
     }
 
 
+def tool_means(runs: list[dict]) -> dict[str, float]:
+    """Mean share of held-out episodes calling a tool, before and after (multi-turn tasks)."""
+    return {
+        f"tool_call_{w}_mean": sum(r[f"tool_call_{w}"] for r in runs) / len(runs)
+        for w in ("before", "after")
+        if all(f"tool_call_{w}" in r for r in runs)
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     from dapo_async.bench.options import TASK_CONFIGS
     from dapo_async.config import load_config
@@ -97,15 +106,10 @@ def main(args: argparse.Namespace) -> int:
             )
         meta = json.loads((tiny_dir / META_NAME).read_text())
         warm_start_steps[str(init_seed)] = meta.get("sft_steps_run", 0)
-    tools = {
-        f"tool_call_{w}_mean": sum(r[f"tool_call_{w}"] for r in runs) / len(runs)
-        for w in ("before", "after")
-        if all(f"tool_call_{w}" in r for r in runs)
-    }
     out = {
         "runs": runs,
         **aggregate(runs),
-        **tools,
+        **tool_means(runs),
         "warm_start_steps": warm_start_steps,
         "cpu_model": cpu_model(),
         "minutes": round((time.monotonic() - t0) / 60, 2),

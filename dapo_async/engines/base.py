@@ -47,7 +47,7 @@ class Completion:
     # update may land mid-response); None = the engine's version when the call started
     versions: np.ndarray | None = None
     # per token: 1 = sampled by the policy, 0 = appended by an environment (multi-turn
-    # episodes, ``generator.rollouts``); None = every token sampled
+    # episodes, ``dapo_async.rollouts``); None = every token sampled
     sampled: np.ndarray | None = None
 
     @property

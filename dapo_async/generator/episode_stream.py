@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from dapo_async.engines.base import Completion, SamplingParams
-from dapo_async.generator.rollouts import (
+from dapo_async.rollouts import (
     RolloutContext,
     RolloutError,
     Sample,

@@ -19,7 +19,6 @@ import time
 import numpy as np
 
 from dapo_async import protocol
-from dapo_async.generator.rollouts import Sample, info_means
 from dapo_async.generator.session import (
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
@@ -27,6 +26,7 @@ from dapo_async.generator.session import (
     WEIGHTS_WAIT_S,
     GeneratorSession,
 )
+from dapo_async.rollouts import Sample, info_means
 
 log = logging.getLogger(__name__)
 

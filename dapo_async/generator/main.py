@@ -27,13 +27,13 @@ from dapo_async.generator.build import (
 )
 from dapo_async.generator.episode_stream import EpisodeStream
 from dapo_async.generator.loop import GeneratorLoop
-from dapo_async.generator.rollouts import RolloutError, load_rollout
 from dapo_async.generator.scoring import make_scorer
 from dapo_async.generator.stream import StreamLoop
 from dapo_async.generator.weights import ReconnectingReceiver
 from dapo_async.hub import resolve_paths
 from dapo_async.resources import ResourceMeter
 from dapo_async.roles import StopFlag, read_endpoint, set_threads, setup_logging
+from dapo_async.rollouts import RolloutError, load_rollout
 from dapo_async.sample_records import render
 from dapo_async.samples import SampleLog
 from dapo_async.tracking import Tracker
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
         engine_name=g.engine,
         cores=share,
         samples=SampleLog.for_role(cfg, gen_id, tracker, render),  # readable rollouts
-        rollout=rollout,  # one episode (generator.rollouts)
+        rollout=rollout,  # one episode (dapo_async.rollouts)
         turn_updates=g.inflight_updates,
     )
     loop = make_loop(cfg, engine, args, kwargs)

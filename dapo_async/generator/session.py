@@ -27,8 +27,8 @@ from dapo_async import protocol, transport
 from dapo_async.cores import CoreShare
 from dapo_async.engines.base import Engine, SamplingParams
 from dapo_async.generator.rollout import make_group
-from dapo_async.generator.rollouts import EpisodeRunner, single_turn
 from dapo_async.generator.scoring import Scorer
+from dapo_async.rollouts import EpisodeRunner, single_turn
 from dapo_async.sample_records import group_record, newest_version
 from dapo_async.samples import SampleLog
 
@@ -85,7 +85,7 @@ class GeneratorSession:
         self.engine_name = engine_name
         self.cores = cores  # this host's core ledger (``dapo_async.cores``), or None
         self.samples = samples  # readable rollouts (``dapo_async.samples``), or None
-        # episodes (``generator.rollouts``): the rollout function's turns on this engine; with
+        # episodes (``dapo_async.rollouts``): the rollout function's turns on this engine; with
         # ``turn_updates`` new weights may land between the turns of an episode
         self.runner = EpisodeRunner(
             rollout or single_turn,

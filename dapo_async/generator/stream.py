@@ -22,13 +22,13 @@ from collections import deque
 import numpy as np
 
 from dapo_async import protocol
-from dapo_async.generator.rollouts import Sample
 from dapo_async.generator.session import (
     LEASE_POLL_S,
     LEASE_TIMEOUT_S,
     WEIGHTS_WAIT_S,
     GeneratorSession,
 )
+from dapo_async.rollouts import Sample, info_means
 
 # Stream-mode metrics are reported at most this often (groups may finish every few ms).
 METRICS_EVERY_S = 1.0
@@ -60,6 +60,7 @@ class StreamLoop(GeneratorSession):
         self.lens: list[int] = []
         self._last_metrics = 0.0  # the first report goes out at once
         self.recent: list[protocol.Group] = []  # groups scored since the last report
+        self.episodes: list = []  # their completions (rollout functions' info)
 
     # ------------------------------------------------------------------ steps
 
@@ -140,6 +141,7 @@ class StreamLoop(GeneratorSession):
             for c in comps:
                 self.spans.append(len(np.unique(c.versions)) if len(c.tokens) else 0)
                 self.lens.append(len(c.tokens))
+            self.episodes.extend(comps)
         groups = self.score_groups(finished, self.engine.version)
         self.recent.extend(groups)  # for the next metrics report
         return groups
@@ -150,7 +152,7 @@ class StreamLoop(GeneratorSession):
             return
         self._last_metrics = now
         self.on_metrics(self.stream_metrics())
-        self.spans, self.lens, self.recent = [], [], []
+        self.spans, self.lens, self.recent, self.episodes = [], [], [], []
 
     def stream_metrics(self) -> dict[str, float]:
         elapsed = time.monotonic() - self._t_start
@@ -169,6 +171,8 @@ class StreamLoop(GeneratorSession):
             out["generator/response_len_mean"] = float(np.mean(self.lens))
         if self.recent:
             out.update(self.reward_metrics(self.recent))
+        info = info_means(self.episodes)  # Trajectory.info of a rollout function
+        out.update({f"generator/rollout/{k}": v for k, v in info.items()})
         out.update(self.cores_metrics())
         return out
 

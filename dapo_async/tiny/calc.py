@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from dapo_async.data.tasks import ENV_PREFIX
-from dapo_async.generator.rollouts import Episode, RolloutContext, Sample, Trajectory
+from dapo_async.rollouts import Episode, RolloutContext, Sample, Trajectory
 
 TOOL_PREFIX = "CALL "
 # Tool calls an episode may make before its next turn is its last.
@@ -59,8 +59,8 @@ def check_figures(model, tokenizer, records, max_tokens: int) -> dict[str, float
     made to open with the tool: the skill the warm start stops at)."""
     from dapo_async.engines.base import SamplingParams
     from dapo_async.engines.hf import HFEngine
-    from dapo_async.generator.rollouts import EpisodeRunner
     from dapo_async.reward.verifiers import dapo_math_lenient, extract_answer
+    from dapo_async.rollouts import EpisodeRunner
 
     was_training = model.training
     engine = HFEngine("", model=model, tokenizer=tokenizer)

@@ -130,7 +130,7 @@ def problems(cfg) -> list[str]:
 
 def _rollout_problems(cfg) -> list[str]:
     """The rollout function imports, and stream mode gets an ``async def`` one."""
-    from dapo_async.generator.rollouts import RolloutError, load_rollout
+    from dapo_async.rollouts import RolloutError, load_rollout
 
     g = cfg.generator
     try:

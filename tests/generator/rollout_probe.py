@@ -19,7 +19,7 @@ TURNS, TOKENS_PER_TURN = 3, 5
 
 async def three_turns(ctx, sample):
     """Three sampled turns of at most TOKENS_PER_TURN tokens, the environment's text between."""
-    from dapo_async.generator.rollouts import Episode
+    from dapo_async.rollouts import Episode
 
     ep = Episode(sample.prompt_tokens)
     for k in range(TURNS):
@@ -39,7 +39,7 @@ def dump(comps):
 
 def play(eng, prompts, g=2, seed=1):
     from dapo_async.engines.base import SamplingParams
-    from dapo_async.generator.rollouts import EpisodeRunner, Sample
+    from dapo_async.rollouts import EpisodeRunner, Sample
 
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=seed)
     runner = EpisodeRunner(three_turns, eng, params)

@@ -1,4 +1,4 @@
-"""Rollout functions (``generator.rollouts``): episodes played token in, token out; their turns
+"""Rollout functions (``dapo_async.rollouts``): episodes played token in, token out; their turns
 batched into engine calls; environment tokens marked unsampled on the way to the learner; the
 behaviour log-probs of every sampled token across three turns equal what the learner computes at
 the same weights, on the hf and vLLM-CPU engines; an episode spanning a weight update carries
@@ -17,7 +17,7 @@ from testutil import run_vllm_script
 from dapo_async import protocol as P
 from dapo_async.engines.base import Completion, SamplingParams
 from dapo_async.generator.rollout import make_group
-from dapo_async.generator.rollouts import (
+from dapo_async.rollouts import (
     Episode,
     EpisodeRunner,
     RolloutError,
@@ -235,7 +235,7 @@ def test_stream_mode_a_slow_episode_holds_no_other_and_updates_land_between_turn
 
     from dapo_async.engines.hf import HFEngine
     from dapo_async.generator.episode_stream import EpisodeStream
-    from dapo_async.generator.rollouts import Sample as S
+    from dapo_async.rollouts import Sample as S
 
     eng = HFEngine(str(tiny_model), model=AutoModelForCausalLM.from_pretrained(str(tiny_model)))
     prompts = chat_prompts(eng.tokenizer, 2)

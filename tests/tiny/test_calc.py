@@ -9,8 +9,8 @@ import pytest
 from testutil import TRAIN_FAST, last_json, run_cli
 
 from dapo_async.engines.base import Completion, SamplingParams
-from dapo_async.generator.rollouts import EpisodeRunner, Sample
 from dapo_async.reward.verifiers import dapo_math
+from dapo_async.rollouts import EpisodeRunner, Sample
 from dapo_async.tiny import calc
 
 
