@@ -259,3 +259,18 @@ def test_stream_mode_a_slow_episode_holds_no_other_and_updates_land_between_turn
         before = np.concatenate([[c.versions[0]], c.versions[:-1]])
         assert np.array_equal(c.versions[env], before[env])  # the turn each one answers
     assert all(c.sampled is None or c.sampled.all() for c in done["fast"])
+
+
+def test_config_check_names_a_bad_rollout_before_the_run_starts():
+    from dapo_async.config import load_config
+    from dapo_async.tools.config_check import _rollout_problems
+
+    def problems(*overrides):
+        return _rollout_problems(load_config("configs/tiny_calc.yaml", list(overrides)))
+
+    assert problems() == []
+    assert problems("generator.mode=batch", "generator.rollout=math:floor") == []
+    (line,) = problems("generator.rollout=math:floor")  # a plain function in stream mode
+    assert line.startswith("generator.rollout:") and "async def" in line
+    (line,) = problems("generator.rollout=dapo_async.nope:fn")
+    assert "cannot import" in line
