@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,9 @@ class Trajectory:
     finish: str
     text: str = ""  # what the reward reads; "" = the tokens decoded
     info: dict[str, float] = field(default_factory=dict)  # averaged into rollout/* metrics
+    # a reward the rollout computed itself (e.g. the sum of per-turn rewards), added to the
+    # reward function's with weight reward.rollout_weight (part "rollout"); None = 0
+    reward: float | None = None
 
     def completion(self, tokenizer=None) -> Completion:
         text = self.text
@@ -97,6 +101,7 @@ class Trajectory:
             extra=dict(self.info),
             versions=self.versions,
             sampled=self.sampled,
+            rollout_reward=self.reward,
         )
 
 
@@ -137,7 +142,9 @@ class Episode:
         self._versions += [version] * len(token_ids)
         self._sampled += [0] * len(token_ids)
 
-    def trajectory(self, text: str = "", info: dict[str, float] | None = None) -> Trajectory:
+    def trajectory(
+        self, text: str = "", info: dict[str, float] | None = None, reward: float | None = None
+    ) -> Trajectory:
         sampled = np.asarray(self._sampled, np.uint8)
         return Trajectory(
             tokens=np.asarray(self._tokens, np.int32),
@@ -147,6 +154,7 @@ class Episode:
             finish=self.finish,
             text=text,
             info=dict(info or {}),
+            reward=reward,
         )
 
 
@@ -337,6 +345,8 @@ def check_trajectory(traj: Any, fn: Callable, tokenizer=None) -> Trajectory:
         raise RolloutError(f"{_name(fn)}: trajectory arrays differ in length")
     if n and traj.sampled is not None and traj.sampled[0] != 1:
         raise RolloutError(f"{_name(fn)}: a trajectory must start with a sampled token")
+    if traj.reward is not None and not math.isfinite(float(traj.reward)):
+        raise RolloutError(f"{_name(fn)}: the trajectory's reward is {traj.reward}")
     if not traj.text and tokenizer is not None:
         traj.text = tokenizer.decode(list(map(int, traj.tokens)), skip_special_tokens=True)
     return traj

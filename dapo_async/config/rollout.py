@@ -213,6 +213,13 @@ class RewardConfig:
     )
     model_weight: float = F(1.0, "Weight of the reward model's score in the total reward.")
     verifier_weight: float = F(1.0, "Weight of the verifier's score (`fn`) in the total reward.")
+    rollout_weight: float = F(
+        0.0,
+        "Weight of the reward a rollout function gives its episode itself (`Trajectory.reward`, "
+        "e.g. the sum of per-turn rewards; docs/rollouts.md), added as the reward part "
+        "`rollout`; 0 = not used (no such part).",
+        ge=0,
+    )
     model_timeout_s: float = F(
         60.0,
         "Timeout of one batched reward-model request; a failure scores the model part 0.",

@@ -49,6 +49,8 @@ class Completion:
     # per token: 1 = sampled by the policy, 0 = appended by an environment (multi-turn
     # episodes, ``dapo_async.rollouts``); None = every token sampled
     sampled: np.ndarray | None = None
+    # the reward a rollout function gave its episode itself (reward.rollout_weight), or None
+    rollout_reward: float | None = None
 
     @property
     def num_sampled(self) -> int:

@@ -28,16 +28,17 @@ class Scorer:
 
     def __call__(self, items: list[tuple]) -> list[dict]:
         """``items``: (response text, ground truth, response tokens, prompt text, extra_info)
-        per response; one combined verdict each, in order."""
-        verdicts = self.pool.score_batch([(t, truth, p, x) for t, truth, _, p, x in items])
+        per response, and optionally the rollout function's own reward (or None); one combined
+        verdict each, in order."""
+        verdicts = self.pool.score_batch([it[:2] + it[3:5] for it in items])
         model_scores = (
-            self.model.score([p + t for t, _, _, p, _ in items])
+            self.model.score([it[3] + it[0] for it in items])
             if self.model is not None
             else [None] * len(items)
         )
         return [
-            self.composer.combine(v, item[2], v.get("tag", ""), m)
-            for v, item, m in zip(verdicts, items, model_scores)
+            self.composer.combine(v, it[2], v.get("tag", ""), m, it[5] if len(it) > 5 else None)
+            for v, it, m in zip(verdicts, items, model_scores)
         ]
 
     def close(self) -> None:

@@ -235,7 +235,10 @@ class GeneratorSession:
             prompt_texts.append(self._prompt_text(prompt))
             extra = _json_dict(self.extras.pop(lease_id, ""))
             # overlong shaping counts what the policy sampled, not environment tokens
-            items += [(c.text, truth, c.num_sampled, prompt_texts[-1], extra) for c in comps]
+            items += [
+                (c.text, truth, c.num_sampled, prompt_texts[-1], extra, c.rollout_reward)
+                for c in comps
+            ]
         scored = self.scorer(items)
         groups, k = [], 0
         for (lease_id, prompt, _, comps, took), text in zip(done, prompt_texts):

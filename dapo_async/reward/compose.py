@@ -23,6 +23,7 @@ from dapo_async.reward.verifiers import BUILTIN
 
 COMPONENT_NAMES = ("correct", "overlong")
 MODEL_COMPONENT = "model"  # added when a reward model scores too
+ROLLOUT_COMPONENT = "rollout"  # added with reward.rollout_weight: the rollout's own reward
 
 
 class RewardError(ValueError):
@@ -100,7 +101,11 @@ class RewardComposer:
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
         self.fn = resolve(cfg.fn)
-        self.component_names = COMPONENT_NAMES + ((MODEL_COMPONENT,) if cfg.uses_model else ())
+        self.component_names = (
+            COMPONENT_NAMES
+            + ((MODEL_COMPONENT,) if cfg.uses_model else ())
+            + ((ROLLOUT_COMPONENT,) if cfg.rollout_weight > 0 else ())
+        )
 
     def shaping(self, num_tokens: int) -> float:
         if not self.cfg.overlong_shaping:
@@ -108,10 +113,16 @@ class RewardComposer:
         return overlong_penalty(num_tokens, self.cfg.overlong_max_len, self.cfg.overlong_cache_len)
 
     def combine(
-        self, verdict: dict, num_tokens: int, tag: str = "", model_score: float | None = None
+        self,
+        verdict: dict,
+        num_tokens: int,
+        tag: str = "",
+        model_score: float | None = None,
+        rollout_reward: float | None = None,
     ) -> Scored:
-        """total = verifier_weight · verifier + overlong (+ model_weight · model); each part
-        is reported as its own (unweighted) component."""
+        """total = verifier_weight · verifier + overlong (+ model_weight · model)
+        (+ rollout_weight · the rollout's own reward); each part is reported as its own
+        (unweighted) component."""
         over = self.shaping(num_tokens)
         total = self.cfg.verifier_weight * verdict["score"] + over
         parts: tuple[float, ...] = (verdict["score"], over)
@@ -119,6 +130,10 @@ class RewardComposer:
             m = 0.0 if model_score is None else float(model_score)
             total += self.cfg.model_weight * m
             parts += (m,)
+        if self.cfg.rollout_weight > 0:
+            r = 0.0 if rollout_reward is None else float(rollout_reward)
+            total += self.cfg.rollout_weight * r
+            parts += (r,)
         return Scored(total, verdict["acc"], parts, verdict.get("pred"), tag)
 
     def score(

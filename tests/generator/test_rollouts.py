@@ -23,6 +23,8 @@ from dapo_async.rollouts import (
     RolloutError,
     Sample,
     Trajectory,
+    Turn,
+    check_trajectory,
     load_rollout,
     single_turn,
 )
@@ -274,3 +276,34 @@ def test_config_check_names_a_bad_rollout_before_the_run_starts():
     assert line.startswith("generator.rollout:") and "async def" in line
     (line,) = problems("generator.rollout=dapo_async.nope:fn")
     assert "cannot import" in line
+
+
+def test_a_rollouts_own_reward_is_a_weighted_part_of_the_total():
+    """Per-turn rewards, summed by the rollout into ``Trajectory.reward``, join the reward
+    function's verdict as the part `rollout` (reward.rollout_weight); off by default."""
+    from dapo_async.config import load_config
+    from dapo_async.generator.scoring import Scorer
+    from dapo_async.reward.compose import RewardComposer
+
+    class Pool:  # a hand-written verifier pool: every response is right
+        def score_batch(self, items):
+            return [{"score": 1.0, "acc": 1.0} for _ in items]
+
+    ep = Episode([1])
+    ep.add_turn(Turn(np.array([5]), np.array([-0.1], np.float32), np.zeros(1, np.int32), "stop"))
+    c = ep.trajectory(reward=2.0).completion()
+    items = [("t", "1", 3, "p", {}, c.rollout_reward), ("t", "1", 3, "p", {}, None)]
+    cfg = load_config(None, ["reward.rollout_weight=0.5", "reward.overlong_shaping=false"])
+    scorer = Scorer(RewardComposer(cfg.reward), Pool())
+    assert scorer.component_names == ("correct", "overlong", "rollout")
+    with_reward, without = scorer(items)
+    assert with_reward.reward == 2.0 and with_reward.components == (1.0, 0.0, 2.0)
+    assert without.reward == 1.0 and without.components[-1] == 0.0
+    default = Scorer(
+        RewardComposer(load_config(None, ["reward.overlong_shaping=false"]).reward), Pool()
+    )
+    assert default.component_names == ("correct", "overlong") and default(items)[0].reward == 1.0
+    bad = Trajectory(np.array([5]), np.zeros(1, np.float32), np.zeros(1, np.int32), None, "stop",
+                     "x", reward=float("nan"))  # fmt: skip
+    with pytest.raises(RolloutError, match="reward is nan"):
+        check_trajectory(bad, single_turn)
