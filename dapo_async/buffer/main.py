@@ -15,7 +15,12 @@ from functools import partial
 import zmq
 
 from dapo_async import transport
-from dapo_async.buffer.checks import GroupLimits, max_message_bytes, model_vocab_size
+from dapo_async.buffer.checks import (
+    GroupLimits,
+    env_token_limit,
+    max_message_bytes,
+    model_vocab_size,
+)
 from dapo_async.buffer.service import WAL_NAME, BufferService
 from dapo_async.config import load_config, save_resolved
 from dapo_async.config.paths import check_model_dirs
@@ -145,6 +150,7 @@ def main(args: argparse.Namespace) -> int:
             cfg.generator.max_tokens,
             cfg.generator.responses_per_prompt,
             max_message_bytes(cfg),
+            env_token_limit(cfg),
         ),
         prompts,
         tokens,

@@ -54,6 +54,12 @@ class GeneratorConfig:
         "tiny:calc calculator tool). Stream mode plays episodes on the continuous-batching "
         "decoder (async functions only).",
     )
+    max_env_tokens: int = F(
+        256,
+        "With a `rollout`: environment tokens (tool results, a user's turns) one episode may "
+        "hold beside its `max_tokens` sampled ones; the buffer rejects longer episodes.",
+        ge=0,
+    )
     max_inflight: int = F(
         0, "stream: sequences kept in flight; 0 = prompts_per_batch × responses_per_prompt.", ge=0
     )

@@ -74,3 +74,19 @@ def test_a_file_that_repeats_its_prompts_is_named_and_dedupe_trains_each_once():
     assert "6 rows hold 2 distinct prompts (3× each" in said[0] and "data.dedupe=true" in said[0]
     once = _repeats_noted("f.parquet", rows, True, Log())
     assert [r.messages[0]["content"] for r in once] == ["q0", "q1"]
+
+
+def test_episode_lengths_count_sampled_and_environment_tokens_apart():
+    """A multi-turn episode may hold generator.max_tokens sampled tokens and, beside them, up to
+    generator.max_env_tokens of the environment's; either past its bound is rejected."""
+    limits = GroupLimits(vocab_size=128, max_response_tokens=8, max_env_tokens=4)
+    ep = group("g", 0, 0, tokens_per_response=12)  # 8 sampled + 4 environment tokens each
+    ep.sampled = np.array(([1] * 5 + [0] * 4 + [1] * 3) * 2, np.uint8)
+    assert semantic_error(ep, limits, [1, 2]) == ""
+    assert semantic_error(ep, LIMITS, [1, 2]) == "response_too_long"  # no environment allowed
+    more_env = group("g", 1, 0, tokens_per_response=12)
+    more_env.sampled = np.array(([1] * 3 + [0] * 5 + [1] * 4) * 2, np.uint8)  # 5 > 4
+    assert semantic_error(more_env, limits, [1, 2]) == "response_too_long"
+    more_sampled = group("g", 2, 0, tokens_per_response=12)
+    more_sampled.sampled = np.array(([1] * 9 + [0] * 3) * 2, np.uint8)  # 9 > 8
+    assert semantic_error(more_sampled, limits, [1, 2]) == "response_too_long"

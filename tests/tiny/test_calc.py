@@ -100,3 +100,6 @@ def test_the_calc_task_trains_end_to_end(tmp_path, repo, cli_env):
     gen = [json.loads(x) for f in (run / "metrics").glob("gen*.jsonl")
            for x in f.read_text().splitlines()]  # fmt: skip
     assert max(m.get("generator/rollout/tool_call", 0.0) for m in gen) > 0  # sampled calls
+    # episodes longer than max_tokens with the calculator's tokens are not "too long"
+    counters = json.loads((run / "buffer_final.json").read_text())["counters"]
+    assert counters["accepted"] > 0 and not counters.get("rejected"), counters
