@@ -28,7 +28,6 @@ turn itself). Stream mode plays episodes on the engine's continuous-batching dec
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import time
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from dapo_async.engines.base import Completion, SamplingParams
+from dapo_async.utils import import_callable
 
 # How long the runner waits for every live episode to reach ctx.generate before it serves the
 # turns queued so far (an episode may await something else: a tool's real I/O).
@@ -225,12 +225,9 @@ def load_rollout(path: str) -> Callable:
     if not sep or not mod_name or not attr:
         raise RolloutError(f"generator.rollout must be 'package.module:function', got {path!r}")
     try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise RolloutError(f"cannot import generator.rollout {path!r}: {e}") from None
-    if not callable(fn):
-        raise RolloutError(f"generator.rollout {path!r} is not callable")
-    return fn
+        return import_callable(path, "generator.rollout")
+    except ValueError as e:
+        raise RolloutError(str(e)) from None
 
 
 class EpisodeRunner:

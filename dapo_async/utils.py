@@ -1,8 +1,9 @@
 """Small helpers every layer may use (no torch, no ZeroMQ): atomic file writes, free ports,
-loopback checks."""
+loopback checks, importing a callable by its ``package.module:function`` path."""
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import json
 import os
@@ -54,3 +55,16 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def import_callable(path: str, what: str):
+    """The callable ``package.module:function`` names; ValueError naming ``what`` (a config key
+    or a role: "reward function") when it cannot be imported or is not callable."""
+    mod_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"cannot import {what} {path!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"{what} {path!r} is not callable")
+    return fn

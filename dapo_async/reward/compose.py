@@ -11,7 +11,6 @@ optionally ``acc``, ``pred``) or a bare number; ``call_verifier`` tells the form
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from dapo_async.algo.overlong import overlong_penalty
 from dapo_async.config import RewardConfig
 from dapo_async.reward.verifiers import BUILTIN
+from dapo_async.utils import import_callable
 
 COMPONENT_NAMES = ("correct", "overlong")
 MODEL_COMPONENT = "model"  # added when a reward model scores too
@@ -42,14 +42,10 @@ def resolve(name: str) -> Callable[[str, str], dict]:
             f"unknown reward function {name!r}: use one of {sorted([*BUILTIN, 'code'])} or "
             "'package.module:function'"
         )
-    mod_name, _, attr = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise RewardError(f"cannot import reward function {name!r}: {e}") from None
-    if not callable(fn):
-        raise RewardError(f"reward function {name!r} is not callable")
-    return fn
+        return import_callable(name, "reward function")
+    except ValueError as e:
+        raise RewardError(str(e)) from None
 
 
 def takes_context(fn) -> bool:

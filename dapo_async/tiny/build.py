@@ -36,7 +36,7 @@ from pathlib import Path
 from dapo_async.data.tasks import generate, steps_correct
 from dapo_async.engines.base import SamplingParams
 from dapo_async.reward.verifiers import dapo_math_lenient, extract_answer
-from dapo_async.tiny.sft_data import sft_batch
+from dapo_async.tiny.sft_data import prompt_ids, sft_batch
 from dapo_async.tiny.tokenizer import build_tokenizer
 
 META_NAME = "tiny_meta.json"
@@ -152,13 +152,7 @@ def greedy_figures(model, tokenizer, task: str, records, max_tokens: int) -> dic
         return check_figures(model, tokenizer, records, max_tokens)
     was_training = model.training
     engine = HFEngine("", model=model, tokenizer=tokenizer)
-    ids = [
-        tokenizer(
-            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        ).input_ids
-        for r in records
-    ]
+    ids = prompt_ids(tokenizer, records)
     outs = engine.generate(ids, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens))
     acc = ok = shortcut = 0
     for out, rec in zip(outs, records):

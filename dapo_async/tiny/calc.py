@@ -61,17 +61,12 @@ def check_figures(model, tokenizer, records, max_tokens: int) -> dict[str, float
     from dapo_async.engines.hf import HFEngine
     from dapo_async.reward.verifiers import dapo_math_lenient, extract_answer
     from dapo_async.rollouts import EpisodeRunner
+    from dapo_async.tiny.sft_data import prompt_ids
 
     was_training = model.training
     engine = HFEngine("", model=model, tokenizer=tokenizer)
     runner = EpisodeRunner(rollout, engine, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    ids = [
-        tokenizer(
-            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        ).input_ids
-        for r in records
-    ]
+    ids = prompt_ids(tokenizer, records)
     free = runner.run([Sample(p, r.ground_truth) for p, r in zip(ids, records)])
     forced = runner.run(
         [Sample(p, r.ground_truth, extra={"force_tool": True}) for p, r in zip(ids, records)]

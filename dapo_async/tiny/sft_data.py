@@ -50,3 +50,14 @@ def sft_batch(tokenizer, rng: random.Random, task: str, batch: int, levels, corr
         attn[i, : len(s)] = 1
         labels_t[i, : len(s)] = torch.tensor(lab)
     return ids_t, attn, labels_t
+
+
+def prompt_ids(tokenizer, records) -> list[list[int]]:
+    """The prompt tokens of ``records`` (``PromptRecord``), rendered with the chat template."""
+    return [
+        tokenizer(
+            tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        ).input_ids
+        for r in records
+    ]
