@@ -166,7 +166,7 @@ class RolloutContext:
         self._runner = runner
         self.params = params  # temperature, top-p, ...; max_tokens = the episode's budget
         self.tokenizer = runner.tokenizer
-        self.eos_id = runner.engine.eos_id
+        self.eos_id = getattr(runner.engine, "eos_id", None)
         self.sampled_tokens = 0  # sampled so far in this episode
 
     def _request(self, token_ids, max_tokens, stop_token_ids) -> SamplingParams | None:
@@ -244,7 +244,8 @@ class EpisodeRunner:
         self.fn = fn
         self.engine = engine
         self.params = params
-        self.tokenizer = tokenizer if tokenizer is not None else engine.tokenizer
+        # anything with ``generate(prompt ids, params)`` serves (evaluation takes any such)
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.between_turns = between_turns
         self.is_async = inspect.iscoroutinefunction(fn)
         self._queue: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
@@ -309,7 +310,7 @@ class EpisodeRunner:
             calls.setdefault((key[0], len(idx)), []).append(key)
         out: list[Turn | None] = [None] * len(requests)
         for (params, n), keys in calls.items():
-            version = self.engine.version
+            version = getattr(self.engine, "version", 0)
             outs = self.engine.generate([list(k[1]) for k in keys], replace(params, n=n))
             self.engine_calls += 1
             for key, comps in zip(keys, outs):
