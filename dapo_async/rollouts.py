@@ -169,7 +169,7 @@ class RolloutContext:
         self.eos_id = getattr(runner.engine, "eos_id", None)
         self.sampled_tokens = 0  # sampled so far in this episode
 
-    def _request(self, token_ids, max_tokens, stop_token_ids) -> SamplingParams | None:
+    def _request(self, max_tokens, stop_token_ids) -> SamplingParams | None:
         left = self.params.max_tokens - self.sampled_tokens
         n = left if max_tokens is None else min(max_tokens, left)
         if n <= 0:
@@ -181,15 +181,8 @@ class RolloutContext:
         and never past the episode's budget (``generator.max_tokens`` sampled tokens in all:
         an empty turn with finish "length" once it is spent); the turn ends at EOS or at one of
         ``stop_token_ids`` (kept in the turn)."""
-        params = self._request(token_ids, max_tokens, stop_token_ids)
+        params = self._request(max_tokens, stop_token_ids)
         turn = _EMPTY if params is None else await self._runner.queue_turn(token_ids, params)
-        self.sampled_tokens += len(turn.tokens)
-        return turn
-
-    def generate_now(self, token_ids, max_tokens: int | None = None, stop_token_ids=()) -> Turn:
-        """``generate`` for plain (non-async) rollout functions: one engine call per turn."""
-        params = self._request(token_ids, max_tokens, stop_token_ids)
-        turn = _EMPTY if params is None else self._runner.serve([(list(token_ids), params)])[0]
         self.sampled_tokens += len(turn.tokens)
         return turn
 
@@ -255,7 +248,12 @@ class EpisodeRunner:
     def run(self, samples: list[Sample]) -> list[Trajectory]:
         """One trajectory per sample, in order."""
         if not self.is_async:
-            return [self._check(self.fn(_SyncContext(self, self.params), s), s) for s in samples]
+            return [
+                check_trajectory(
+                    self.fn(_SyncContext(self, self.params), s), self.fn, self.tokenizer
+                )
+                for s in samples
+            ]
         return self._loop.run_until_complete(self._drive(samples))
 
     async def queue_turn(self, token_ids, params: SamplingParams) -> Turn:
@@ -280,7 +278,7 @@ class EpisodeRunner:
             for t, s in zip(tasks, samples):
                 if t.exception() is not None:
                     raise episode_failed(self.fn, s, t.exception()) from t.exception()
-            return [self._check(t.result(), s) for t, s in zip(tasks, samples)]
+            return [check_trajectory(t.result(), self.fn, self.tokenizer) for t in tasks]
         finally:
             for t in tasks:
                 t.cancel()
@@ -318,15 +316,16 @@ class EpisodeRunner:
                     out[i] = turn_of(c, version)
         return out  # type: ignore[return-value]
 
-    def _check(self, traj: Any, sample: Sample) -> Trajectory:
-        return check_trajectory(traj, self.fn, self.tokenizer)
-
 
 class _SyncContext(RolloutContext):
     """The context of a plain ``def`` rollout: ``generate`` returns the turn itself."""
 
     def generate(self, token_ids, max_tokens=None, stop_token_ids=()):  # type: ignore[override]
-        return self.generate_now(token_ids, max_tokens, stop_token_ids)
+        """One engine call per turn (plain functions play their episodes one by one)."""
+        params = self._request(max_tokens, stop_token_ids)
+        turn = _EMPTY if params is None else self._runner.serve([(list(token_ids), params)])[0]
+        self.sampled_tokens += len(turn.tokens)
+        return turn
 
 
 def check_trajectory(traj: Any, fn: Callable, tokenizer=None) -> Trajectory:

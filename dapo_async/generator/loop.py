@@ -84,16 +84,15 @@ class GeneratorLoop(GeneratorSession):
             for lease_id, prompt, truth in zip(grant.prompt_ids, grant.prompts, grant.ground_truths)
             for i in range(g)
         ]
-        trajs = self.runner.run(samples)
-        comps = [t.completion() for t in trajs]
-        outs = [comps[k : k + g] for k in range(0, len(comps), g)]
+        completions = [t.completion() for t in self.runner.run(samples)]
+        outs = [completions[k : k + g] for k in range(0, len(completions), g)]
         t_gen = time.monotonic() - t0
-        lens = [c.num_sampled for c in comps]
+        lens = [c.num_sampled for c in completions]
         if lens:  # a batch decodes max(lens) steps for every row; the rest is padding
             self.t_slots += t_gen
             self.t_used += t_gen * sum(lens) / (len(lens) * max(max(lens), 1))
         per_prompt = t_gen / max(len(outs), 1)
-        self.rollout_info = info_means(comps)
+        self.rollout_info = info_means(completions)
         groups = self.score_groups(
             [
                 (lease_id, prompt, truth, comps, per_prompt)

@@ -48,11 +48,11 @@ def make_group(
         ),
         finish=np.array([FINISH_REASONS[c.finish] for c in completions], dtype=np.uint8),
         gen_time_s=gen_time_s,
-        sampled=_sampled(completions, tokens.shape[0]),
+        sampled=_sampled(completions),
     )
 
 
-def _sampled(completions: list[Completion], num_tokens: int) -> np.ndarray | None:
+def _sampled(completions: list[Completion]) -> np.ndarray | None:
     """The group's sampled mask: None when every token was sampled (single-turn)."""
     if all(c.sampled is None for c in completions):
         return None
