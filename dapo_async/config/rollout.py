@@ -50,9 +50,10 @@ class GeneratorConfig:
         "",
         "The rollout function, `package.module:function` (async or plain): one episode, token "
         "in and token out, environment tokens masked out of the loss (docs/rollouts.md). Empty "
-        "= one sampled response per episode. Built in: `dapo_async.tiny.calc:rollout` (the "
-        "tiny:calc calculator tool). Stream mode plays episodes on the continuous-batching "
-        "decoder (async functions only).",
+        "= `dapo_async.rollouts:single_turn` (one sampled response per episode). Built in: "
+        "`dapo_async.tiny.calc:rollout` (the tiny:calc calculator tool). Both modes play every "
+        "episode through it; stream mode on the continuous-batching decoder (async functions "
+        "only).",
     )
     max_env_tokens: int = F(
         256,

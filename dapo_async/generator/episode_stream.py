@@ -45,8 +45,6 @@ IO_WAIT_S = 0.001
 class EpisodeStream:
     """The rollout function ``fn``'s episodes on ``inner`` (the engine's ``Stream``)."""
 
-    plays_episodes = True  # the stream loop passes each request's Sample
-
     def __init__(self, inner, fn: Callable, engine, tokenizer=None):
         if not inspect.iscoroutinefunction(fn):
             raise RolloutError(
@@ -77,10 +75,10 @@ class EpisodeStream:
     ) -> None:
         if request_id in self.episodes:
             raise ValueError(f"request {request_id!r} is already in flight")
-        base = sample if sample is not None else Sample(list(prompt))
+        base = sample if sample is not None else Sample(list(map(int, prompt)))
         eps = []
         for i in range(params.n):
-            s = replace(base, prompt_tokens=list(map(int, prompt)), index=i)
+            s = replace(base, prompt_tokens=list(base.prompt_tokens), index=i)
             ctx = RolloutContext(self, replace(params, n=1))
             eps.append((self.loop.create_task(self.fn(ctx, s)), s))
         self.episodes[request_id] = eps

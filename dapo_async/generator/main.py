@@ -108,12 +108,11 @@ def make_loop(cfg, engine, args: tuple, kwargs: dict):
     g = cfg.generator
     if g.mode != "stream":
         return GeneratorLoop(*args, **kwargs)
-    stream = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
-    if g.rollout:  # episodes of the rollout function, their turns on the engine's stream
-        stream = EpisodeStream(stream, kwargs["rollout"], engine)
+    # the rollout function's episodes (single_turn by default), their turns on the engine's stream
+    inner = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
     return StreamLoop(
         *args,
-        stream=stream,
+        stream=EpisodeStream(inner, kwargs["rollout"], engine),
         inflight_target=g.inflight_target,
         inflight_updates=g.inflight_updates,
         refill_at=refill_sequences(g),

@@ -7,12 +7,24 @@ failed request scores that part 0 and is counted in ``model.failures``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dapo_async.keys import run_keys_dir
 from dapo_async.reward.compose import RewardComposer
 from dapo_async.reward.model_client import RewardModelScorer
 from dapo_async.reward.pool import RewardPool
 from dapo_async.roles import read_endpoint
+
+
+class ScoreItem(NamedTuple):
+    """One finished response to score."""
+
+    text: str  # the response (a rollout's whole episode: sampled and environment tokens)
+    truth: str  # the prompt's ground truth
+    num_sampled: int  # tokens the policy sampled (overlong shaping counts these)
+    prompt: str  # the prompt as the model saw it
+    extra: dict  # the prompt's extra_info
+    rollout_reward: float | None = None  # the rollout function's own reward, if it gave one
 
 
 @dataclass
@@ -26,19 +38,17 @@ class Scorer:
         """The reward's parts, in the order every scored response holds them."""
         return self.composer.component_names
 
-    def __call__(self, items: list[tuple]) -> list[dict]:
-        """``items``: (response text, ground truth, response tokens, prompt text, extra_info)
-        per response, and optionally the rollout function's own reward (or None); one combined
-        verdict each, in order."""
-        verdicts = self.pool.score_batch([it[:2] + it[3:5] for it in items])
+    def __call__(self, items: list[ScoreItem]) -> list[dict]:
+        """One combined verdict per item, in order."""
+        verdicts = self.pool.score_batch([(i.text, i.truth, i.prompt, i.extra) for i in items])
         model_scores = (
-            self.model.score([it[3] + it[0] for it in items])
+            self.model.score([i.prompt + i.text for i in items])
             if self.model is not None
             else [None] * len(items)
         )
         return [
-            self.composer.combine(v, it[2], v.get("tag", ""), m, it[5] if len(it) > 5 else None)
-            for v, it, m in zip(verdicts, items, model_scores)
+            self.composer.combine(v, i.num_sampled, v.get("tag", ""), m, i.rollout_reward)
+            for v, i, m in zip(verdicts, items, model_scores)
         ]
 
     def close(self) -> None:

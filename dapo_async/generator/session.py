@@ -27,7 +27,7 @@ from dapo_async import protocol, transport
 from dapo_async.cores import CoreShare
 from dapo_async.engines.base import Engine, SamplingParams
 from dapo_async.generator.rollout import make_group
-from dapo_async.generator.scoring import Scorer
+from dapo_async.generator.scoring import ScoreItem, Scorer
 from dapo_async.rollouts import EpisodeRunner, single_turn
 from dapo_async.sample_records import group_record, newest_version
 from dapo_async.samples import SampleLog
@@ -236,7 +236,7 @@ class GeneratorSession:
             extra = _json_dict(self.extras.pop(lease_id, ""))
             # overlong shaping counts what the policy sampled, not environment tokens
             items += [
-                (c.text, truth, c.num_sampled, prompt_texts[-1], extra, c.rollout_reward)
+                ScoreItem(c.text, truth, c.num_sampled, prompt_texts[-1], extra, c.rollout_reward)
                 for c in comps
             ]
         scored = self.scorer(items)

@@ -9,9 +9,10 @@ and a new prompt is leased to take its place. No step waits for a whole batch.
     └── pump replies (acks, grants)
 
 Same outbox, acks, resends and hello/heartbeat as the batch loop (``session.GeneratorSession``,
-which both extend); the engine's streaming decoder (``Engine.stream``: ``HFStream``,
-``VLLMStream``) is passed in, or with a rollout function (``generator.rollout``) an
-``episode_stream.EpisodeStream`` over it, whose requests are episodes.
+which both extend). The stream passed in is an ``episode_stream.EpisodeStream``: its requests
+are the rollout function's episodes (``generator.rollout``; ``rollouts.single_turn`` by
+default), whose turns run on the engine's streaming decoder (``Engine.stream``: ``HFStream``,
+``VLLMStream``).
 """
 
 from __future__ import annotations
@@ -115,11 +116,8 @@ class StreamLoop(GeneratorSession):
         ):
             lease_id, prompt, truth, _, _ = self.waiting.popleft()
             rid = f"{self.id}:{lease_id}"
-            if getattr(self.stream, "plays_episodes", False):  # a rollout function's episodes
-                sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
-                self.stream.add_request(rid, prompt, self.params, sample)
-            else:
-                self.stream.add_request(rid, prompt, self.params)
+            sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
+            self.stream.add_request(rid, prompt, self.params, sample)  # n episodes of the prompt
             self.inflight[rid] = (lease_id, prompt, truth, now)
         n = self.params.n
         if self.stream.num_inflight + n * len(self.waiting) > self.refill_at:

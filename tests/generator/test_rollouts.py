@@ -282,7 +282,7 @@ def test_a_rollouts_own_reward_is_a_weighted_part_of_the_total():
     """Per-turn rewards, summed by the rollout into ``Trajectory.reward``, join the reward
     function's verdict as the part `rollout` (reward.rollout_weight); off by default."""
     from dapo_async.config import load_config
-    from dapo_async.generator.scoring import Scorer
+    from dapo_async.generator.scoring import ScoreItem, Scorer
     from dapo_async.reward.compose import RewardComposer
 
     class Pool:  # a hand-written verifier pool: every response is right
@@ -292,7 +292,7 @@ def test_a_rollouts_own_reward_is_a_weighted_part_of_the_total():
     ep = Episode([1])
     ep.add_turn(Turn(np.array([5]), np.array([-0.1], np.float32), np.zeros(1, np.int32), "stop"))
     c = ep.trajectory(reward=2.0).completion()
-    items = [("t", "1", 3, "p", {}, c.rollout_reward), ("t", "1", 3, "p", {}, None)]
+    items = [ScoreItem("t", "1", 3, "p", {}, c.rollout_reward), ScoreItem("t", "1", 3, "p", {})]
     cfg = load_config(None, ["reward.rollout_weight=0.5", "reward.overlong_shaping=false"])
     scorer = Scorer(RewardComposer(cfg.reward), Pool())
     assert scorer.component_names == ("correct", "overlong", "rollout")
