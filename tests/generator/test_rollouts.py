@@ -118,6 +118,30 @@ def test_the_default_rollout_makes_the_batch_loops_one_call():
     assert all(t.sampled is None and t.tokens.tolist() == [5, 6, 2] for t in trajs)
 
 
+def test_both_loops_play_the_default_rollout_function():
+    """No separate single-turn path: with no `generator.rollout`, the batch loop's runner and the
+    stream loop's EpisodeStream both play `single_turn` episodes (the stream over the engine's
+    own continuous-batching decoder)."""
+    from dapo_async.config import load_config
+    from dapo_async.generator.episode_stream import EpisodeStream
+    from dapo_async.generator.main import make_loop
+
+    inner = SimpleNamespace(num_inflight=0)
+    eng = ScriptedEngine([])
+    eng.stream = lambda *args: inner
+    scorer = SimpleNamespace(component_names=("correct",))
+    args = ("gen", eng, scorer, None, SamplingParams(n=2), 1, 2.0)
+    rollout = load_rollout("")
+    for mode in ("batch", "stream"):
+        loop = make_loop(
+            load_config(None, [f"generator.mode={mode}"]), eng, args, {"rollout": rollout}
+        )
+        assert loop.runner.fn is single_turn
+        if mode == "stream":
+            assert isinstance(loop.stream, EpisodeStream)
+            assert loop.stream.fn is single_turn and loop.stream.inner is inner
+
+
 async def _two_turns(ctx, sample):
     ep = Episode(sample.prompt_tokens)
     ep.add_turn(await ctx.generate(ep.tokens, stop_token_ids=(9,)))
