@@ -8,7 +8,8 @@ steps here when the model qualifies (``LeanDecode.supports``) and keeps transfor
 prefills and for every other architecture.
 
     token_B, pos_B1, bias_B11T, cache ─► embed ─► per layer: rmsnorm → qkv (one GEMM) → rotary
-        → cache.update (the stream's in-place KV buffers) → SDPA → o_proj → +residual → rmsnorm
+        → cache.update (the stream's in-place KV buffers) → attention (two batched matrix
+        products, grouped-query heads folded in) → o_proj → +residual → rmsnorm
         → gate|up (one GEMM) → silu·up → down → +residual ─► norm ─► lm_head ─► logits_BV
 
 The fused matrices are copies: they are rebuilt whenever a source weight changed in place
@@ -96,6 +97,18 @@ class LeanDecode:
             )
         self.layers = layers
 
+    def _attend(self, q_BH1D, k_BKTD, v_BKTD, bias_B11T) -> torch.Tensor:
+        """Attention of one query per row, as [B, 1, H·D]. The H ÷ KV query heads that share a
+        key/value head (grouped-query attention; head h reads KV head h // (H ÷ KV)) are the
+        rows of one small matrix product, so nothing is repeated; two batched products and a
+        softmax cost less than SDPA's CPU kernel, built for many queries, at one query a row."""
+        B, KV, D = q_BH1D.shape[0], k_BKTD.shape[1], q_BH1D.shape[-1]
+        q_BKRD = q_BH1D.reshape(B, KV, -1, D)
+        scores_BKRT = torch.matmul(q_BKRD, k_BKTD.transpose(-1, -2)).mul_(self.scale)
+        # the softmax in float32 whatever the model's dtype, as transformers' eager attention
+        probs_BKRT = torch.softmax(scores_BKRT.add_(bias_B11T), dim=-1, dtype=torch.float32)
+        return torch.matmul(probs_BKRT.to(v_BKTD.dtype), v_BKTD).reshape(B, 1, -1)
+
     @torch.no_grad()
     def __call__(self, token_B, pos_B1, bias_B11T, cache) -> torch.Tensor:
         for hook in self.model._forward_pre_hooks.values():
@@ -118,10 +131,7 @@ class LeanDecode:
             q, k = _rotate(qk.view(B, 1, H + KV, D).transpose(1, 2), cos, sin).split([H, KV], 1)
             v = v.view(B, 1, KV, D).transpose(1, 2)
             k_all, v_all = cache.update(k, v, i)
-            att = F.scaled_dot_product_attention(
-                q, k_all, v_all, attn_mask=bias_B11T, scale=self.scale, enable_gqa=KV != H
-            )
-            h = h + F.linear(att.transpose(1, 2).reshape(B, 1, H * D), o_w, o_b)
+            h = h + F.linear(self._attend(q, k_all, v_all, bias_B11T), o_w, o_b)
             gate, up = F.linear(_rms(h, w_post, self.eps), gu_w).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, down_w)
         h = _rms(h, self.base.norm.weight, self.eps)

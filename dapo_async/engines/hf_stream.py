@@ -102,7 +102,7 @@ class HFStream:
         self.chunk_tokens = chunk_tokens
         self.reset_kv = reset_kv
         self.device = torch.device(engine.device)
-        # on the engine's device: torch.multinomial refuses a generator on another one
+        # on the engine's device: torch.rand refuses a generator on another one
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.host_check_every = 1 if self.device.type == "cpu" else GPU_HOST_CHECK
         self.params: SamplingParams | None = None

@@ -40,8 +40,20 @@ def sample(
     if params.temperature == 0:
         token_B = proc_BV.argmax(-1)
     else:
-        probs_BV = torch.softmax(proc_BV, -1)
-        token_B = torch.multinomial(probs_BV, 1, generator=generator).squeeze(-1)
+        token_B = _draw(torch.softmax(proc_BV, -1), generator)
     scored_BV = proc_BV if params.logprobs_mode == "processed" else logits_BV
     logp_B = torch.log_softmax(scored_BV, -1).gather(-1, token_B[:, None]).squeeze(-1)
     return token_B, logp_B
+
+
+def _draw(probs_BV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row drawn from ``probs_BV`` by inverting its cumulative sum at a uniform
+    draw: B random numbers a step, where ``torch.multinomial`` draws one per vocabulary entry
+    (on a CPU, that took as long as a tiny model's attention). ``right=True``: a token of zero
+    probability (outside top-k / top-p) is never the first whose cumulative sum exceeds u."""
+    cdf_BV = probs_BV.cumsum(-1)
+    u_B1 = torch.rand(
+        (probs_BV.shape[0], 1), generator=generator, device=probs_BV.device, dtype=cdf_BV.dtype
+    )
+    token_B1 = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True)
+    return token_B1.squeeze(-1).clamp_(max=probs_BV.shape[-1] - 1)
