@@ -43,8 +43,8 @@ class LaunchConfig:
         0.5,
         "A waiting role lends its threads only while its recent idle ratio (moving average "
         "over its last steps) is above this: a role that waits now and then keeps its core "
-        "(0.5: a synchronous run's learner lends, the main job's asynchronous learner, idle "
-        "0.2-0.3, does not).",
+        "(0.5: a synchronous run's learner, idle ~0.6, lends; the main job's asynchronous "
+        "learner, idle 0.05-0.3, does not).",
         ge=0,
         le=1,
     )
