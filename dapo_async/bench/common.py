@@ -1,5 +1,6 @@
-"""Pieces every training bench shares: one `dapo-async train` job in a subprocess, seed lists
-from the command line, and the closing lines (a human summary on stderr, then the JSON line)."""
+"""Pieces every training bench shares: one `dapo-async train` job in a subprocess, the policy of
+a bench that runs its engine in-process, seed lists from the command line, and the closing
+lines (a human summary on stderr, then the JSON line)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "benc
     res = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"training failed ({run_dir}):\n{res.stderr[-2000:]}")
+
+
+def ensure_policy(cfg) -> str:
+    """The policy directory of ``cfg``; the built-in tiny policy (``model.path`` empty) is built
+    or reused first, as `dapo-async train` does, so a bench runs on a fresh clone."""
+    if not cfg.model.path:
+        from dapo_async.launch.train import build_tiny_policy
+
+        build_tiny_policy(cfg)
+    return cfg.model.source_dir
 
 
 def parse_seeds(text: str, flag: str = "--seeds") -> list[int]:

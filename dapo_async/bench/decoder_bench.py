@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from dapo_async.bench.common import print_result
+from dapo_async.bench.common import ensure_policy, print_result
 
 DEFAULT_SECONDS = 4.0
 
@@ -111,6 +111,7 @@ def main(args: argparse.Namespace) -> int:
     if cfg.generator.engine != "hf":
         raise SystemExit("bench decoder: measures the hf engine's decoder (generator.engine=hf)")
     set_threads(cfg.launch.torch_threads)
+    ensure_policy(cfg)
     r = run(cfg, args.seconds or DEFAULT_SECONDS, args.rounds)
     return print_result(
         f"hf stream decoder ({r['threads']} thread(s), {r['width']} rows): lean "

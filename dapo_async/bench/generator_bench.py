@@ -22,7 +22,7 @@ import time
 import zmq
 
 from dapo_async import protocol, transport
-from dapo_async.bench.common import print_result
+from dapo_async.bench.common import ensure_policy, print_result
 
 # Seconds per measurement: engine batches vary in length (sampling), shorter windows are noisy.
 DEFAULT_SECONDS = 3.0
@@ -157,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
     overrides = [f"generator.engine={args.engine}"] if args.engine else []
     cfg = load_config(args.config, overrides + list(args.overrides))
     set_threads(cfg.launch.torch_threads)
+    ensure_policy(cfg)
     res = run(cfg, cfg.generator.engine, args.seconds or DEFAULT_SECONDS, args.rounds)
     return print_result(
         f"engine {res['engine']}: bare {res['engine_tokens_per_s']:.0f} tok/s, "
