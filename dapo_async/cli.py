@@ -142,6 +142,11 @@ def _add_roles(sub) -> None:
     p.add_argument(
         "--id", default="", help="generator name; a random suffix makes each process unique"
     )
+    p.add_argument(
+        "--spare",
+        action="store_true",
+        help="idle priority; decode only on cores a waiting learner lends (launch.spare_generators)",
+    )
     p.set_defaults(func=_lazy("dapo_async.generator.main", "main"))
 
     from dapo_async.launch import keep_running  # argparse and the stdlib only

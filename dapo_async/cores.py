@@ -18,6 +18,20 @@ generator sees that at its next decode chunk and drops to its own threads). Reco
 processes and of other hosts (a run directory on a shared file system) are ignored. Counters
 (``cores/threads``, ``cores/borrowed_s``, ``cores/lent_s``, ``cores/switches``) go to each
 role's metrics.
+
+Threads do not help a model too small to split across cores; a *spare* generator
+(``launch.spare_generators``) does: an extra generator process at the operating system's idle
+priority (``lower_priority``: it runs only on a core no other process wants) whose
+``CoreShare`` owns no threads and whose ``working()`` (before each decode chunk or batch) parks
+it while no role on the host has a recent idle ratio above ``launch.spare_idle_above``:
+
+    learner idle ratio (its records) > spare_idle_above ──► spare decodes (idle priority: the
+        kernel hands the learner its core back the instant its batch arrives)
+    learner idle ratio < spare_idle_above × SPARE_GO_ON_FRACTION (batches queue up) ──► spare
+        parks at its next chunk; heartbeats and weight rounds go on (``keepalive``)
+
+Its counters: ``cores/spare_run_s`` (seconds it was let decode), ``cores/spare_parked_s``,
+``cores/spare_parks`` (times it handed the core back), ``cores/cpu_s`` (its process's CPU time).
 """
 
 from __future__ import annotations
@@ -43,6 +57,19 @@ MIN_LEND_WAIT_S = 0.05
 # A record's fixed size: rewritten in place with one pwrite, so a reader never sees a file
 # shorter than a whole record (a torn read fails to parse and is skipped until the next).
 RECORD_BYTES = 192
+# A running spare goes on while its lender's recent idle ratio stays above this fraction of
+# launch.spare_idle_above: it brings that idle down itself (from 0.35 to 0.11 on the long-tail
+# workload), and one threshold would park it for succeeding, then start it again, each step.
+SPARE_GO_ON_FRACTION = 0.25
+# A parked spare re-reads the ledger this often (one pread per role on the host); the ratio it
+# reads moves once per learner step (seconds).
+SPARE_POLL_S = 0.05
+# Longest single park: a spare then decodes one step anyway (on nobody's core, at idle
+# priority) and its loop goes round (acks, resends, reports); ``keepalive`` runs meanwhile.
+SPARE_MAX_PARK_S = 5.0
+# How often a parked spare runs its ``keepalive`` (heartbeats, weight rounds): often enough that
+# a weight round never waits on it, rarely enough to cost nothing.
+SPARE_KEEPALIVE_S = 0.05
 
 
 class CoreShare:
@@ -55,6 +82,8 @@ class CoreShare:
         threads: int,
         lend_idle_above: float,
         set_threads: Callable[[int], None] | None = None,
+        spare: bool = False,
+        stop: Callable[[], bool] | None = None,
     ):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -69,8 +98,15 @@ class CoreShare:
         self._peers: dict[str, int] = {}  # name -> open fd of its record
         self._scanned = 0.0
         self._since = time.monotonic()  # when the current state (and thread count) began
+        self._spare_since = self._since
         self._waiting_since = 0.0
         self.counters = {"borrowed_s": 0.0, "lent_s": 0.0, "switches": 0}
+        # a spare generator (see the module docstring): lends nothing, runs only on lent cores
+        self.spare, self._stop = spare, stop or (lambda: False)
+        self.keepalive: Callable[[], None] | None = None  # called while parked (heartbeats)
+        self._parked = False
+        self._lent = False  # a spare's last look at the ledger found a lender
+        self.spare_counters = {"spare_run_s": 0.0, "spare_parked_s": 0.0, "spare_parks": 0}
         self._fd = os.open(self.dir / name, os.O_RDWR | os.O_CREAT, 0o600)
         self._write()
 
@@ -86,7 +122,11 @@ class CoreShare:
             self._write()
 
     def working(self) -> int:
-        """This role computes now: its threads back, plus what waiting peers lend."""
+        """This role computes now: its threads back, plus what waiting peers lend (a spare:
+        returns once a peer lends, or after SPARE_MAX_PARK_S)."""
+        if self.spare:
+            self._run_when_lent()
+            return self.threads
         if self.is_waiting:
             self._account()
             self.is_waiting = False
@@ -129,18 +169,71 @@ class CoreShare:
             "cores/borrowed_s": self.counters["borrowed_s"],
             "cores/lent_s": self.counters["lent_s"],
             "cores/switches": float(self.counters["switches"]),
-        }
+        } | self._spare_metrics()
 
     def close(self) -> None:
         if self._fd >= 0:
             self._account()
-            self._set_threads(self.own)
+            if self.threads != self.own:
+                self._set_threads(self.own)
             os.close(self._fd)
             self._fd = -1
             (self.dir / self.name).unlink(missing_ok=True)
         for fd in self._peers.values():
             os.close(fd)
         self._peers = {}
+
+    # ------------------------------------------------------------------ spare
+
+    def _run_when_lent(self) -> None:
+        now = time.monotonic()
+        if self.is_waiting:
+            self.is_waiting = False
+            self._write()
+        if self.lent_threads() > 0:
+            self._spare_account(now, parked=False)
+            return
+        self._spare_account(now, parked=True)
+        self.spare_counters["spare_parks"] += 1
+        start = kept = now
+        while not self._stop() and now - start < SPARE_MAX_PARK_S:
+            time.sleep(SPARE_POLL_S)
+            now = time.monotonic()
+            if self.keepalive is not None and now - kept >= SPARE_KEEPALIVE_S:
+                self.keepalive()
+                kept = now
+            if self.lent_threads() > 0:
+                break
+        self._spare_account(time.monotonic(), parked=False)
+
+    def _spare_account(self, now: float, parked: bool) -> None:
+        """Close the current span (decoding or parked) at ``now``; the next one is ``parked``."""
+        dt, self._spare_since = now - self._spare_since, now
+        key = "spare_parked_s" if self._parked else "spare_run_s"
+        self.spare_counters[key] += dt
+        self._parked = parked
+
+    def _spare_metrics(self) -> dict[str, float]:
+        if not self.spare:
+            return {}
+        return {f"cores/{k}": float(v) for k, v in self.spare_counters.items()} | {
+            "cores/cpu_s": time.process_time()
+        }
+
+    def lent_threads(self) -> int:
+        """For a spare: the threads of the roles on this host whose recent idle ratio says they
+        wait for data (above ``lend_idle_above`` to start, above a quarter of it to go on: a
+        running spare lowers the idle it is measured by, which is its job; it parks once
+        batches queue up). Whether one waits this instant is the kernel's business (idle
+        priority), not the ledger's: a spare then also fills the learner's short gaps."""
+        bound = self.lend_idle_above * (SPARE_GO_ON_FRACTION if self._lent else 1.0)
+        lent = sum(
+            int(rec.get("threads", 0))
+            for rec in self._live_peers()
+            if float(rec.get("idle", 0)) > bound
+        )
+        self._lent = lent > 0
+        return lent
 
     # ------------------------------------------------------------------ ledger
 
@@ -156,7 +249,7 @@ class CoreShare:
         rec = {
             "host": self.host,
             "pid": os.getpid(),
-            "threads": self.own,
+            "threads": 0 if self.spare else self.own,
             "waiting": self.is_waiting,
             "since": round(self._waiting_since, 3),
             "idle": round(self.idle_ema, 4),
@@ -188,11 +281,9 @@ class CoreShare:
             return None
         return rec
 
-    def _borrowable(self) -> int:
-        """This role's share of the threads waiting peers on this host lend."""
+    def _live_peers(self):
+        """The records of live roles on this host (a dead role's record is removed)."""
         self._scan()
-        lent = working = 0
-        now = time.time()
         for name, fd in sorted(self._peers.items()):
             rec = self._read(fd)
             if rec is None:
@@ -200,12 +291,23 @@ class CoreShare:
             if not pid_alive(int(rec.get("pid", 0))):  # a role that died: its record goes too
                 (self.dir / name).unlink(missing_ok=True)
                 continue
+            yield rec
+
+    def _lending(self, rec: dict, now: float, min_wait_s: float = MIN_LEND_WAIT_S) -> bool:
+        return (
+            bool(rec.get("waiting"))
+            and float(rec.get("idle", 0)) > self.lend_idle_above
+            and (min_wait_s <= 0 or now - float(rec.get("since", now)) >= min_wait_s)
+        )
+
+    def _borrowable(self) -> int:
+        """This role's share of the threads waiting peers on this host lend."""
+        lent = working = 0
+        now = time.time()
+        for rec in self._live_peers():
             if not rec.get("waiting"):
                 working += 1
-            elif (
-                float(rec.get("idle", 0)) > self.lend_idle_above
-                and now - float(rec.get("since", now)) >= MIN_LEND_WAIT_S
-            ):
+            elif self._lending(rec, now):
                 lent += int(rec.get("threads", 0))
         return lent // (working + 1)
 
@@ -223,14 +325,35 @@ def decoder_layers(model) -> list:
     return layers or [model]
 
 
-def for_role(cfg, name: str, engine: str = "hf") -> CoreShare | None:
-    """This role's ``CoreShare`` in ``<run_dir>/cores`` when ``launch.share_cores`` is on; None
-    for a vLLM generator (its forward runs in worker processes this one's threads never touch)."""
-    if not cfg.launch.share_cores or engine != "hf":
+def for_role(cfg, name: str, engine: str = "hf", kind: str = "learner", stop=None):
+    """This role's ``CoreShare`` in ``<run_dir>/cores``, or None: with ``launch.share_cores``
+    every hf role lends and borrows threads; with ``launch.spare_generators`` the learner lends
+    (``kind="learner"``), a spare generator (``kind="spare"``) runs on what it lends, and the
+    other generators stay out. None for a vLLM generator (its forward runs in worker processes
+    this one's threads never touch)."""
+    lc = cfg.launch
+    if engine != "hf" or not (lc.share_cores or kind == "spare" or lc.spare_generators):
+        return None
+    if not lc.share_cores and kind == "generator":
         return None
     return CoreShare(
         cfg.resolved_run_dir / "cores",
         name,
-        cfg.launch.torch_threads,
-        cfg.launch.lend_idle_above,
+        lc.torch_threads,
+        lc.lend_idle_above if lc.share_cores else lc.spare_idle_above,
+        spare=kind == "spare",
+        stop=stop,
     )
+
+
+def lower_priority() -> str:
+    """Run this process only on cores nothing else wants: SCHED_IDLE where the OS has it (any
+    user may lower its own), else the lowest nice level. Returns what it set."""
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return "SCHED_IDLE"
+        except OSError:
+            pass
+    os.nice(19)
+    return "nice 19"

@@ -7,7 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +176,122 @@ def test_watched_layers_check_the_ledger_at_every_forward(tmp_path):
     time.sleep(0.01)
     model(input_ids=torch.tensor([[1, 2, 3]]))
     assert learner.threads == 1 and learner_threads.calls == [2, 1]
+
+
+# ---------------------------------------------------------------- spare generators
+
+
+def spare(tmp_path, above: float = 0.1, stop=lambda: False) -> CoreShare:
+    return CoreShare(tmp_path / "cores", "spare0", 1, above, set_threads=Threads(), spare=True,
+                     stop=stop)  # fmt: skip
+
+
+def test_a_spare_runs_while_the_learner_idles_and_parks_when_batches_queue_up(tmp_path):
+    """The learner's idle ratio past the threshold lends its core to the spare (its
+    ``working`` returns at once); batches queue up (the learner's idle falls to 0): the spare
+    parks at its next chunk and runs again once the learner idles again. Counters in the
+    metrics; heartbeats and weight rounds go on while it is parked."""
+    learner, _ = share(tmp_path, "learner0")
+    sp = spare(tmp_path, above=0.3)
+    kept = []
+    sp.keepalive = lambda: kept.append(time.monotonic())
+    idle(learner, 0.5)
+    assert sp.lent_threads() == 1
+    t0 = time.monotonic()
+    sp.working()  # lent: no park
+    assert time.monotonic() - t0 < 0.5 and sp.spare_counters["spare_parks"] == 0
+    idle(learner, 0.0, steps=10)  # batches queue up: the core goes back
+    assert sp.lent_threads() == 0
+
+    def idle_again():
+        time.sleep(0.4)
+        idle(learner, 0.6)
+
+    t = threading.Thread(target=idle_again)
+    t.start()
+    t0 = time.monotonic()
+    sp.working()  # parks until the learner idles again
+    parked = time.monotonic() - t0
+    t.join()
+    assert 0.3 < parked < 3.0
+    assert len(kept) >= 3
+    m = sp.metrics()
+    assert m["cores/spare_parks"] == 1.0
+    assert m["cores/spare_parked_s"] >= 0.3 and m["cores/spare_run_s"] > 0
+    assert m["cores/cpu_s"] > 0
+    assert learner.working() == 1  # the learner keeps its own threads: a spare's record lends none
+
+
+def test_a_running_spare_goes_on_while_the_idle_it_lowers_stays_above_a_quarter(tmp_path):
+    """Start above the threshold, go on above a quarter of it: a spare that brings the
+    learner's idle from 0.5 to 0.12 keeps running; one parked at 0.12 does not start."""
+    learner, _ = share(tmp_path, "learner0")
+    sp = spare(tmp_path, above=0.3)
+    idle(learner, 0.5)
+    assert sp.lent_threads() == 1
+    idle(learner, 0.12, steps=20)
+    assert sp.lent_threads() == 1  # 0.12 > 0.3 / 4
+    idle(learner, 0.0, steps=20)
+    assert sp.lent_threads() == 0
+    idle(learner, 0.12, steps=20)
+    assert sp.lent_threads() == 0  # parked: starts only above 0.3
+
+
+def test_a_spare_does_not_run_on_a_learner_below_the_threshold_and_stops_on_ctrl_c(tmp_path):
+    learner, _ = share(tmp_path, "learner0")
+    stopped = []
+    sp = spare(tmp_path, above=0.3, stop=lambda: bool(stopped))
+    idle(learner, 0.1)  # it waits only now and then: keeps its core
+    learner.waiting()
+    assert sp.lent_threads() == 0
+    timer = threading.Timer(0.2, lambda: stopped.append(1))
+    timer.start()
+    t0 = time.monotonic()
+    sp.working()
+    assert time.monotonic() - t0 < 2.0  # the stop flag ends the park, not SPARE_MAX_PARK_S
+    assert sp.spare_counters["spare_parks"] == 1
+    sp.close()
+    assert not (tmp_path / "cores" / "spare0").exists()
+
+
+def test_spare_generators_are_refused_where_they_cannot_work():
+    from dapo_async.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"launch\.spare_generators"):
+        load_config(
+            "configs/tiny_cpu.yaml", ["launch.spare_generators=1", "launch.share_cores=true"]
+        )
+    with pytest.raises(ConfigError, match=r"launch\.spare_generators.*generator\.engine=hf"):
+        load_config("configs/tiny_cpu.yaml", ["launch.spare_generators=1", "generator.engine=vllm"])
+    with pytest.raises(ConfigError, match=r"launch\.spare_generators"):
+        load_config("configs/tiny_cpu.yaml", ["launch.spare_generators=-1"])
+
+
+@pytest.mark.slow
+def test_a_spare_generator_decodes_while_the_learner_waits(tiny_model, tmp_path, cli_env):
+    """`dapo-async train` with launch.spare_generators=1 on a synchronous run (the learner waits
+    for every batch, idle ~0.6): the spare, at idle priority, decodes, and its groups are
+    trained like any generator's; the ledger is empty after the run."""
+    from testutil import TRAIN_FAST, last_json, run_cli
+
+    from dapo_async.tracking import read_jsonl
+
+    repo = Path(__file__).resolve().parents[1]
+    run = tmp_path / "run"
+    out = run_cli(
+        repo, cli_env, "train", "configs/tiny_cpu.yaml", f"model.path={tiny_model}",
+        f"run_dir={run}", "learner.num_steps=5", "buffer.max_staleness=0",
+        "launch.spare_generators=1", *TRAIN_FAST, "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert last_json(out)["steps"] == 5
+    assert (
+        "spare generator: decodes on lent cores only (SCHED_IDLE)"
+        in (run / "logs" / "spare0.log").read_text()
+    )
+    final = json.loads(next((run / "generators").glob("spare0-*.json")).read_text())
+    assert final["groups_acked"] > 0 and final["groups_acked"] == final["groups_sent"]
+    assert final["cores/spare_run_s"] > 0  # (parking: the tests above; this run never queues)
+    learner = [r for r in read_jsonl(run / "metrics" / "learner.jsonl") if "cores/idle_ema" in r]
+    assert learner[-1]["cores/idle_ema"] > 0.2  # what let it run
+    assert not list((run / "cores").iterdir())  # every role removed its record

@@ -26,7 +26,9 @@ lowest and highest; single runs of the long-tail set moved by ±0.1 in
 ``speedup_stream_vs_batch`` on one machine (docs/results.md). ``--decode-delay-ms`` slows the hf
 generator's every decode step (a slower CPU's generator). Per mode, ``learner_lent_s`` and
 ``generator_borrowed_s`` say how long the learner's threads went to the generator while it
-waited (``launch.share_cores``).
+waited (``launch.share_cores``); with ``launch.spare_generators``, ``spare_cpu_s`` is the CPU
+time the spares used (only while the learner waited) and ``learner_core_idle`` the share of the
+window the learner waited and no spare used its core (``bench.common.window_core_idle``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dapo_async.bench.common import (
     learner_window,
     print_result,
     run_train,
+    window_core_idle,
     window_rates,
 )
 from dapo_async.bench.options import DEFAULT_CONFIG, LONGTAIL_CONFIG
@@ -55,6 +58,7 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
     start, window = learner_window(run_dir, skip)
     out = {
         **window_rates(start, window),
+        **window_core_idle(run_dir, start, window),
         "steps": float(skip + len(window)),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
     }
@@ -117,6 +121,8 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     for name, r in res.items():
         out[f"samples_per_s_{name}"] = r["samples_per_s"]
         out[f"learner_idle_{name}"] = r["learner_idle"]
+        out[f"learner_core_idle_{name}"] = r["learner_core_idle"]
+        out[f"spare_cpu_s_{name}"] = r["spare_cpu_s"]
         out[f"engine_occupancy_{name}"] = r["engine_occupancy"]
         out[f"heldout_after_{name}"] = r.get("heldout_after")
         out[f"learner_lent_s_{name}"] = r["learner_lent_s"]
@@ -139,12 +145,19 @@ def _spread(out: dict, key: str, fmt: str = ".2f") -> str:
     return f"{text} ({lo_hi[0]:{fmt}}–{lo_hi[1]:{fmt}})" if lo_hi else text
 
 
+def _core_idle(out: dict, suffix: str, prefix: str = "") -> str:
+    """With spare generators: the learner's core idle share beside its wait share."""
+    if not out.get(f"{prefix}spare_cpu_s{suffix}"):
+        return ""
+    return f", core idle {_spread(out, f'{prefix}learner_core_idle{suffix}')} (spares)"
+
+
 def longtail_summary(out: dict) -> str:
     return (
         f"longtail: sync {out['samples_per_s_sync']:.1f}, batch {out['samples_per_s_batch']:.1f}, "
         f"stream {out['samples_per_s_stream']:.1f} samples/s; stream/batch "
         f"{_spread(out, 'speedup_stream_vs_batch')}x; learner idle stream "
-        f"{_spread(out, 'learner_idle_stream')}; occupancy batch {out['engine_occupancy_batch']:.2f} "
+        f"{_spread(out, 'learner_idle_stream')}{_core_idle(out, '_stream')}; occupancy batch {out['engine_occupancy_batch']:.2f} "
         f"stream {out['engine_occupancy_stream']:.2f}; KS(trained vs qualified lengths) stream "
         f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
     )
@@ -165,6 +178,10 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "speedup": asyn["samples_per_s"] / sync["samples_per_s"],
         "sync_learner_idle": sync["learner_idle"],
         "async_learner_idle": asyn["learner_idle"],
+        "sync_learner_core_idle": sync["learner_core_idle"],
+        "async_learner_core_idle": asyn["learner_core_idle"],
+        "sync_spare_cpu_s": sync["spare_cpu_s"],
+        "async_spare_cpu_s": asyn["spare_cpu_s"],
         "async_staleness_mean": asyn["staleness_mean"],
         "sync_learner_lent_s": sync["learner_lent_s"],
         "async_learner_lent_s": asyn["learner_lent_s"],
@@ -195,7 +212,7 @@ def default_summary(out: dict) -> str:
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
-        f"{_spread(out, 'async_learner_idle')}); speedup {_spread(out, 'speedup')}x"
+        f"{_spread(out, 'async_learner_idle')}{_core_idle(out, '', 'async_')}); speedup {_spread(out, 'speedup')}x"
     )
     if "versus" in out:
         text += (

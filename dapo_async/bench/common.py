@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dapo_async.tracking import read_metrics
+from dapo_async.tracking import read_jsonl, read_metrics
 
 
 def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "bench async") -> None:
@@ -71,6 +71,35 @@ def window_rates(start: dict, window: list[dict]) -> dict[str, float]:
         "samples_per_s": sum(r["rollout/num_responses"] for r in window) / elapsed,
         "learner_idle": sum(r["time/wait_data_s"] for r in window) / elapsed,
     }
+
+
+def spare_cpu_s(run_dir: Path, t0: float, t1: float) -> float:
+    """CPU seconds the spare generators (``launch.spare_generators``) used between wall times
+    ``t0`` and ``t1``: their reported ``cores/cpu_s`` at the last report before each (a spare
+    runs at idle priority only while the learner waits, so this is the learner's wait that went
+    to generation instead of nothing)."""
+    total = 0.0
+    for path in sorted((Path(run_dir) / "metrics").glob("spare*.jsonl")):
+        recs = [(r["time"], r["cores/cpu_s"]) for r in read_jsonl(path) if "cores/cpu_s" in r]
+        if recs:
+            total += _value_at(recs, t1) - _value_at(recs, t0)
+    return total
+
+
+def _value_at(recs: list[tuple[float, float]], t: float) -> float:
+    """A counter's last reported value at time ``t`` (its first one when none came before:
+    what it counted before its first report, start-up included, is left out)."""
+    return max((c for w, c in recs if w <= t), default=recs[0][1])
+
+
+def window_core_idle(run_dir: Path, start: dict, window: list[dict]) -> dict[str, float]:
+    """Over a ``learner_window``: the spares' CPU seconds, and ``learner_core_idle``, the
+    share of the time the learner waited *and* no spare computed on the core it lent (its
+    wait less the spares' CPU time, never below 0); the learner's idle share without spares."""
+    t0, t1 = start["time"], window[-1]["time"]
+    waited = sum(r["time/wait_data_s"] for r in window)
+    spare = spare_cpu_s(run_dir, t0, t1)
+    return {"spare_cpu_s": spare, "learner_core_idle": max(waited - spare, 0.0) / (t1 - t0)}
 
 
 def heldout_curve(run_dir: Path) -> list[tuple[int, float]]:

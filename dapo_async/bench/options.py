@@ -90,7 +90,7 @@ def _async(p: argparse.ArgumentParser) -> None:
         "--decode-delay-ms",
         type=float,
         default=0.0,
-        help="sleep this long in each decode step of the hf generator: a slower CPU's "
+        help="compute (spin) this long in each decode step of the hf generator: a slower CPU's "
         "generator (generator.decode_delay_s)",
     )
     p.add_argument(

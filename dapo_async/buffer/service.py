@@ -145,7 +145,7 @@ class BufferService:
         return handler(msg) if handler is not None else None
 
     def _on_hello(self, msg: protocol.Hello) -> protocol.Message:
-        self.state.hello(msg.generator_id)
+        self.state.hello(msg.generator_id, spare=msg.spare)
         self._log("hello", msg.generator_id)
         return protocol.Ack([], [])
 

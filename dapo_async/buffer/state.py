@@ -85,6 +85,9 @@ class BufferState:
         # refused on its own lease: until it stores a group it holds one lease at a time and
         # pacing waits for none (a hoarder or a poisoner stalls the run once, not every step)
         self.on_probation: dict[str, float] = {}
+        # spare generators (Hello.spare): they decode only while the learner waits, so a step
+        # that waited for their leases would wait for itself; pacing waits for none of theirs
+        self.spares: set[str] = set()
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
@@ -139,8 +142,10 @@ class BufferState:
         self.counters.leased += len(out)
         return out
 
-    def hello(self, generator_id: str, now: float | None = None) -> None:
+    def hello(self, generator_id: str, now: float | None = None, spare: bool = False) -> None:
         self.generators[generator_id] = time.monotonic() if now is None else now
+        if spare:
+            self.spares.add(generator_id)
 
     def heartbeat(self, generator_id: str, now: float | None = None) -> None:
         self.generators[generator_id] = time.monotonic() if now is None else now
@@ -329,7 +334,8 @@ class BufferState:
                 f"buffer.groups_per_step ({need}) must be >= the number of learner ranks ({world_size})"
             )
         now = time.monotonic()
-        if holds_step(self.leases.values(), step, self.generators, self.on_probation, now):
+        unpaced = self.on_probation | dict.fromkeys(self.spares, now)  # no step waits for them
+        if holds_step(self.leases.values(), step, self.generators, unpaced, now):
             self.counters.paced_waits += 1
             self.waiting_since.setdefault(step, now)
             return None

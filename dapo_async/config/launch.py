@@ -48,6 +48,23 @@ class LaunchConfig:
         ge=0,
         le=1,
     )
+    spare_generators: int = F(
+        0,
+        "Extra hf generators (`dapo-async train` starts them as spare0, spare1, ...) at the "
+        "operating system's idle priority (SCHED_IDLE: they run only on a core no other process "
+        "wants) that decode while the learner's recent idle ratio says it waits for data, and "
+        "park when batches queue up (docs/architecture.md, 'Spare generators'). 0 = none. Pays "
+        "where generation is the bottleneck (the long-tail workload); costs where the learner "
+        "already keeps up (docs/results.md). Not with launch.share_cores.",
+        ge=0,
+    )
+    spare_idle_above: float = F(
+        0.2,
+        "A spare generator starts decoding once the learner's idle ratio (moving average over "
+        "its last steps) is above this, and parks once it falls below a quarter of it.",
+        ge=0,
+        le=1,
+    )
     restart_roles: bool = F(
         True,
         "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "

@@ -82,8 +82,9 @@ class GeneratorConfig:
     )
     decode_delay_s: float = F(
         0.0,
-        "Benchmarks only: seconds the hf engine sleeps in each model forward (one per decode "
-        "step), standing in for a slower CPU (`bench async --decode-delay-ms`). 0 = off.",
+        "Benchmarks only: seconds the hf engine computes (spins) in each model forward (one "
+        "per decode step) on top of the forward, standing in for a slower CPU (`bench async "
+        "--decode-delay-ms`): the core stays busy, as on a slower CPU, not free. 0 = off.",
         ge=0,
     )
     refill_at: float = F(

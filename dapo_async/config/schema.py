@@ -334,6 +334,23 @@ class RunConfig:
                 if hasattr(sub, "check"):
                     sub.check(f.name)
         self._check_lengths()
+        self._check_spares()
+
+    def _check_spares(self) -> None:
+        """Spare generators borrow the learner's core in-process threads cannot see otherwise."""
+        lc = self.launch
+        if not lc.spare_generators:
+            return
+        _need(
+            self.generator.engine == "hf",
+            "launch.spare_generators",
+            "needs generator.engine=hf (a vLLM generator decodes in its own worker processes)",
+        )
+        _need(
+            not lc.share_cores,
+            "launch.spare_generators",
+            "and launch.share_cores both lend the learner's core: pick one",
+        )
 
     def _check_lengths(self) -> None:
         """Lengths that must agree across sections (after ``overlong_max_len`` is derived)."""

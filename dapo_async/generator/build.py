@@ -67,12 +67,20 @@ def sampling_params(cfg):
 
 def engine_for(cfg, path: str):
     """The configured engine (generator.engine) over ``path``; with ``generator.decode_delay_s``
-    (benchmarks: a slower CPU), the hf model sleeps that long in each forward."""
+    (benchmarks: a slower CPU), the hf model spins that long in each forward."""
     g = cfg.generator
     engine = make_engine(g.engine, path, g.dtype, vllm_cfg=cfg, seed=cfg.seed)
     if g.engine == "hf":
         engine.lean_decode = g.lean_decode
     if g.decode_delay_s > 0 and g.engine == "hf":
         delay = g.decode_delay_s
-        engine.model.register_forward_pre_hook(lambda *_: time.sleep(delay))
+        engine.model.register_forward_pre_hook(lambda *_: spin(delay))
     return engine
+
+
+def spin(seconds: float) -> None:
+    """Keep this core busy for ``seconds`` (a sleep would free it, which a slower CPU does not:
+    a spare generator or a lent thread would then get a core no real machine offers)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass

@@ -1,9 +1,10 @@
-"""`dapo-async generator CONFIG [overrides] [--id NAME]`: one generator process.
+"""`dapo-async generator CONFIG [overrides] [--id NAME] [--spare]`: one generator process.
 
 Parses the config, builds the engine (``generator.engine``), the scorer (reward pool, reward
 model client) and the weight receiver, connects to the buffer (launch.buffer_endpoint, or
 ``<run_dir>/endpoints/buffer``) and runs ``GeneratorLoop`` (batch) or ``StreamLoop`` until
-SIGINT/SIGTERM.
+SIGINT/SIGTERM. ``--spare`` (started by `dapo-async train` for ``launch.spare_generators``):
+idle priority, decoding only on the cores waiting roles lend (``dapo_async.cores``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def main(args: argparse.Namespace) -> int:
     log = setup_logging(gen_id)
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)
+    spare = getattr(args, "spare", False)
+    if spare:  # before torch and ZeroMQ start their threads: they inherit it
+        log.info("spare generator: decodes on lent cores only (%s)", cores.lower_priority())
 
     run_dir = cfg.resolved_run_dir
     engine = engine_for(cfg, cfg.model.source_dir)
@@ -66,8 +70,9 @@ def main(args: argparse.Namespace) -> int:
     tracker = Tracker.for_role(cfg, gen_id)
     meter = ResourceMeter(lambda: weights.bytes)  # CPU, memory, bytes moved: resources/*
     g = cfg.generator
-    share = cores.for_role(cfg, gen_id, g.engine)
-    if share is not None:  # at every decode step: a lender that woke up gets its core back
+    kind = "spare" if spare else "generator"
+    share = cores.for_role(cfg, gen_id, g.engine, kind=kind, stop=lambda: bool(stop))
+    if share is not None and not spare:  # every decode step: a lender that woke up takes back
         share.watch([engine.model])
     args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
@@ -81,6 +86,8 @@ def main(args: argparse.Namespace) -> int:
         turn_updates=g.inflight_updates,
     )
     loop = make_loop(cfg, engine, args, kwargs)
+    if share is not None:  # a parked spare heartbeats and takes weight rounds
+        share.keepalive = loop.on_parked
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)
     try:
         counters = loop.run(stop)
@@ -100,7 +107,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:], id="")))
+    sys.exit(
+        main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:], id="", spare=False))
+    )
 
 
 def make_loop(cfg, engine, args: tuple, kwargs: dict):

@@ -169,7 +169,8 @@ class GeneratorSession:
             self.hello()
 
     def hello(self) -> None:
-        self._send(protocol.Hello(self.id, os.getpid(), self.engine_name))
+        spare = self.cores is not None and self.cores.spare
+        self._send(protocol.Hello(self.id, os.getpid(), self.engine_name, spare=spare))
 
     def heartbeat(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -212,6 +213,17 @@ class GeneratorSession:
         """About to compute: own threads back, plus what waiting roles on this host lend."""
         if self.cores is not None:
             self.cores.working()
+
+    def take_weights(self) -> None:
+        """Newer weights if the learner published some (the stream loop: mid-sequence too)."""
+        if self.poll_weights is not None:
+            self.poll_weights()
+
+    def on_parked(self) -> None:
+        """A spare generator waiting for a lent core (``cores.CoreShare.working``) stays a live
+        member meanwhile: heartbeats to the buffer, weight rounds with the others."""
+        self.heartbeat()
+        self.take_weights()
 
     def cores_metrics(self) -> dict[str, float]:
         """The idle share since the last call goes into the ledger; its counters come back."""

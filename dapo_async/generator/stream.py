@@ -66,7 +66,7 @@ class StreamLoop(GeneratorSession):
     # ------------------------------------------------------------------ steps
 
     def step(self, stop) -> bool:
-        self._take_weights()
+        self.take_weights()
         if not self.keep_in_touch():
             return False
         self._refill()
@@ -91,7 +91,7 @@ class StreamLoop(GeneratorSession):
         self._report()
         return True
 
-    def _take_weights(self) -> None:
+    def take_weights(self) -> None:
         if self.poll_weights is None:
             return
         if not self.inflight_updates and self.stream.num_inflight:

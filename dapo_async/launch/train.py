@@ -85,6 +85,11 @@ def prepare_run(cfg):
     if found:
         raise ConfigError("config check", f"{len(found)} problem(s), listed above")
     plan = device_plan(cfg)
+    if plan.learner is not None and cfg.launch.spare_generators:
+        raise ConfigError(
+            "launch.spare_generators",
+            "is for roles sharing CPU cores; on GPUs each role has its own device (set it to 0)",
+        )
     if plan.learner is not None and cfg.weight_sync.backend == "auto":
         # NCCL refuses two ranks on one GPU: where generators share the learner's devices the
         # weights go through host memory (gloo)
@@ -176,6 +181,16 @@ def make_roles(cfg, cfg_path: Path, run_dir: Path, resume: bool) -> tuple[Role, 
             restartable=lc.allow_generator_restarts,
         )
         for i in range(cfg.generator.num_generators)
+    ]
+    gens += [  # spares: CPU runs only (prepare_run refuses them on GPUs)
+        Role(
+            f"spare{i}",
+            _cli("generator", str(cfg_path), f"run_dir={run_dir}", "--id", f"spare{i}", "--spare"),
+            logs / f"spare{i}.log",
+            role_env(env, plan.generators[0]),
+            restartable=lc.allow_generator_restarts,
+        )
+        for i in range(lc.spare_generators)
     ]
     return buffer, learner, gens
 

@@ -60,6 +60,9 @@ class Hello(GeneratorMessage):
     pid: int
     engine: str
     host: str = "127.0.0.1"
+    # a spare generator (launch.spare_generators: decodes only on lent cores): steps never
+    # wait for its leases; what it sends late goes stale like anyone's
+    spare: bool = False
 
 
 @dataclass

@@ -185,4 +185,8 @@ def _decode_arrays(specs: list, data: memoryview) -> dict[str, np.ndarray]:
             data, dtype=dt, count=nbytes // dt.itemsize, offset=offset
         ).reshape(shape)
         end = offset + nbytes
+    if data.nbytes != -(-end // ALIGN) * ALIGN:  # a cut that took only padding is a cut too
+        raise ProtocolError(
+            "bad_frames", f"data frame is {data.nbytes} bytes; its arrays end at {end}"
+        )
     return arrays

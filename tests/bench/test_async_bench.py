@@ -113,7 +113,8 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
             calls.append((name, overrides))
             rate = {"sync": 10.0, "async": 19.0, "versus": 20.0}[name]
             return {"samples_per_s": rate, "learner_idle": 0.1, "staleness_mean": 0.5,
-                    "learner_lent_s": 0.0, "generator_borrowed_s": 0.0}  # fmt: skip
+                    "learner_lent_s": 0.0, "generator_borrowed_s": 0.0,
+                    "learner_core_idle": 0.1, "spare_cpu_s": 0.0}  # fmt: skip
 
         return run
 

@@ -33,6 +33,27 @@ def test_a_slow_group_is_waited_for_and_trained_in_time():
     assert s.counters.dropped["stale"] == 0
 
 
+def test_no_step_waits_for_a_spare_generators_lease():
+    """A spare generator decodes only while the learner waits: a step that waited for its
+    lease would wait for itself. Its late group is dropped as stale like anyone's."""
+    s = state()
+    s.hello("spare", spare=True)
+    (slow,) = s.grant("spare", 1, weights_version=0)
+    ours = s.grant("g", 3, weights_version=0)
+    assert {ls.deadline for ls in (slow, *ours)} == {1}
+    for seq, ls in enumerate(ours):
+        s.ingest(group("g", seq, ls.lease_id, version=0))
+    assert s.batch(0, 0, 1) is not None
+    assert s.batch(1, 0, 1) is None  # one group ready, two needed
+    (more,) = s.grant("g", 1, weights_version=1)
+    s.ingest(group("g", 3, more.lease_id, version=1))
+    assert s.batch(1, 0, 1) is not None  # the spare's lease was due at step 1: not waited for
+    assert s.counters.paced_waits == 0
+    s.ingest(group("spare", 0, slow.lease_id, version=0))  # late
+    s.batch(2, 0, 1)  # step 2 trains nothing older than version 1
+    assert s.counters.dropped["stale"] == 1 and ("spare", 0) not in s.groups
+
+
 def test_a_generator_claiming_future_weights_is_not_believed():
     s = state(max_staleness=2)
     (ls,) = s.grant("g", 1, weights_version=10**6)
