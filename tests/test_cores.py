@@ -280,11 +280,11 @@ def test_a_spare_generator_decodes_while_the_learner_waits(tiny_model, tmp_path,
     run = tmp_path / "run"
     out = run_cli(
         repo, cli_env, "train", "configs/tiny_cpu.yaml", f"model.path={tiny_model}",
-        f"run_dir={run}", "learner.num_steps=5", "buffer.max_staleness=0",
-        "launch.spare_generators=1", *TRAIN_FAST, "--json",
+        f"run_dir={run}", "learner.num_steps=8", "buffer.max_staleness=0",
+        "launch.spare_generators=1", "generator.decode_delay_s=0.005", *TRAIN_FAST, "--json",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert last_json(out)["steps"] == 5
+    assert last_json(out)["steps"] == 8
     assert (
         "spare generator: decodes on lent cores only (SCHED_IDLE)"
         in (run / "logs" / "spare0.log").read_text()
