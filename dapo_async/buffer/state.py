@@ -85,8 +85,7 @@ class BufferState:
         # refused on its own lease: until it stores a group it holds one lease at a time and
         # pacing waits for none (a hoarder or a poisoner stalls the run once, not every step)
         self.on_probation: dict[str, float] = {}
-        # spare generators (Hello.spare): they decode only while the learner waits, so a step
-        # that waited for their leases would wait for itself; pacing waits for none of theirs
+        # spare generators (Hello.spare) run while the learner waits: pacing waits for none
         self.spares: set[str] = set()
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
@@ -144,8 +143,7 @@ class BufferState:
 
     def hello(self, generator_id: str, now: float | None = None, spare: bool = False) -> None:
         self.generators[generator_id] = time.monotonic() if now is None else now
-        if spare:
-            self.spares.add(generator_id)
+        self.spares.add(generator_id) if spare else self.spares.discard(generator_id)
 
     def heartbeat(self, generator_id: str, now: float | None = None) -> None:
         self.generators[generator_id] = time.monotonic() if now is None else now
@@ -190,13 +188,8 @@ class BufferState:
         self.generators[group.generator_id] = time.monotonic()
         metric = group.acc if self.cfg.filter_metric == "acc" else group.rewards
         if self.cfg.dynamic_sampling:
-            keep = dynamic_sampling_keep(
-                metric,
-                np.array([group.num_responses]),
-                group.acc,
-                self.cfg.min_group_acc,
-                self.cfg.max_group_acc,
-            )[0]
+            lo, hi, sizes = self.cfg.min_group_acc, self.cfg.max_group_acc, [group.num_responses]
+            keep = dynamic_sampling_keep(metric, np.array(sizes), group.acc, lo, hi)[0]
             if not keep:
                 self.counters.dropped["filtered"] += 1
                 self.on_drop(group, "filtered")

@@ -70,10 +70,7 @@ def main(args: argparse.Namespace) -> int:
     tracker = Tracker.for_role(cfg, gen_id)
     meter = ResourceMeter(lambda: weights.bytes)  # CPU, memory, bytes moved: resources/*
     g = cfg.generator
-    kind = "spare" if spare else "generator"
-    share = cores.for_role(cfg, gen_id, g.engine, kind=kind, stop=lambda: bool(stop))
-    if share is not None and not spare:  # every decode step: a lender that woke up takes back
-        share.watch([engine.model])
+    share = core_share(cfg, gen_id, engine, spare, stop)
     args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,
@@ -110,6 +107,17 @@ if __name__ == "__main__":
     sys.exit(
         main(argparse.Namespace(config=sys.argv[1], overrides=sys.argv[2:], id="", spare=False))
     )
+
+
+def core_share(cfg, gen_id: str, engine, spare: bool, stop):
+    """This generator's place in its host's core ledger (``dapo_async.cores``), or None. A
+    regular one re-checks it before every decode step (a lender that woke up takes its threads
+    back); a spare parks in its loop's ``cores_working`` while no role lends."""
+    kind = "spare" if spare else "generator"
+    share = cores.for_role(cfg, gen_id, cfg.generator.engine, kind=kind, stop=lambda: bool(stop))
+    if share is not None and not spare:
+        share.watch([engine.model])
+    return share
 
 
 def make_loop(cfg, engine, args: tuple, kwargs: dict):
