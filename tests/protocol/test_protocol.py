@@ -52,6 +52,7 @@ def batch_of(n, **kw):
 
 EXAMPLES = [
     P.Hello("gen-0", 123, "vllm", "127.0.0.1"),
+    P.Hello("spare0-1a", 124, "hf", spare=True),
     P.Heartbeat("gen-0", 4, 2),
     P.LeaseRequest("gen-0", 8),
     P.LeaseGrant([1, 2], [[5, 6, 7], [8]], ["42", "7"], ["tiny:arith", "math_dapo"], 3, 0.0),
