@@ -40,6 +40,8 @@ SPIN_TURNS = 8
 # When no turn is decoding but episodes are alive (they await their own I/O), wait this long
 # per step instead of spinning.
 IO_WAIT_S = 0.001
+# At close, how long cancelled episodes get to unwind (they only await this stream's turns).
+CLOSE_WAIT_S = 1.0
 
 
 class EpisodeStream:
@@ -105,6 +107,19 @@ class EpisodeStream:
         elif self.num_inflight:
             self.loop.run_until_complete(asyncio.sleep(IO_WAIT_S))
         return self._finished()
+
+    def close(self) -> None:
+        """The run ends: cancel the episodes still playing (bounded: a rollout function that
+        ignores cancellation is left behind), then close the event loop — no 'Task was
+        destroyed but it is pending' per in-flight episode at exit."""
+        if self.loop.is_closed():
+            return
+        tasks = [t for eps in self.episodes.values() for t, _ in eps if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.wait(tasks, timeout=CLOSE_WAIT_S))
+        self.loop.close()
 
     def _spin(self) -> None:
         async def turns():

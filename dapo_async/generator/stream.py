@@ -178,3 +178,6 @@ class StreamLoop(GeneratorSession):
         self._report(force=True)  # the last figures, whatever the period
         self.counters["update_pause_s"] = round(self.update_pause_s, 3)
         super().flush(*args, **kwargs)
+        close = getattr(self.stream, "close", None)  # the episodes still in flight end here
+        if close is not None:
+            close()

@@ -142,6 +142,36 @@ def test_both_loops_play_the_default_rollout_function():
             assert loop.stream.fn is single_turn and loop.stream.inner is inner
 
 
+def test_closing_the_episode_stream_cancels_the_episodes_still_playing(caplog):
+    """At the end of a run the episodes still in flight are cancelled and the event loop
+    closed: nothing is left pending for the interpreter to report ('Task was destroyed')."""
+    import gc
+
+    from dapo_async.generator.episode_stream import EpisodeStream
+
+    class NeverDone:  # an engine stream whose turns never finish
+        num_inflight = 0
+
+        def add_request(self, rid, ids, params):
+            self.num_inflight += 1
+
+        def step(self):
+            return []
+
+    eng = ScriptedEngine([])
+    stream = EpisodeStream(NeverDone(), _two_turns, eng, tokenizer=object())
+    stream.add_request("r", [1, 2], SamplingParams(n=3))
+    stream.step()
+    assert stream.num_inflight == 3  # each waits on its first turn
+    tasks = [t for t, _ in stream.episodes["r"]]
+    stream.close()
+    assert all(t.cancelled() for t in tasks) and stream.loop.is_closed()
+    stream.close()  # twice is harmless
+    del stream, tasks
+    gc.collect()
+    assert "Task was destroyed" not in caplog.text
+
+
 async def _two_turns(ctx, sample):
     ep = Episode(sample.prompt_tokens)
     ep.add_turn(await ctx.generate(ep.tokens, stop_token_ids=(9,)))
