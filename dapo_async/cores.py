@@ -61,15 +61,13 @@ RECORD_BYTES = 192
 # launch.spare_idle_above: it brings that idle down itself (from 0.35 to 0.11 on the long-tail
 # workload), and one threshold would park it for succeeding, then start it again, each step.
 SPARE_GO_ON_FRACTION = 0.25
-# A parked spare re-reads the ledger this often (one pread per role on the host); the ratio it
-# reads moves once per learner step (seconds).
+# A parked spare re-reads the ledger (one pread per role on the host) and runs its
+# ``keepalive`` (heartbeats, weight rounds) this often: the ratio it reads moves once per
+# learner step (seconds), and a weight round waits on it no longer than this.
 SPARE_POLL_S = 0.05
 # Longest single park: a spare then decodes one step anyway (on nobody's core, at idle
 # priority) and its loop goes round (acks, resends, reports); ``keepalive`` runs meanwhile.
 SPARE_MAX_PARK_S = 5.0
-# How often a parked spare runs its ``keepalive`` (heartbeats, weight rounds): often enough that
-# a weight round never waits on it, rarely enough to cost nothing.
-SPARE_KEEPALIVE_S = 0.05
 
 
 class CoreShare:
@@ -195,13 +193,12 @@ class CoreShare:
             return
         self._spare_account(now, parked=True)
         self.spare_counters["spare_parks"] += 1
-        start = kept = now
+        start = now
         while not self._stop() and now - start < SPARE_MAX_PARK_S:
             time.sleep(SPARE_POLL_S)
             now = time.monotonic()
-            if self.keepalive is not None and now - kept >= SPARE_KEEPALIVE_S:
+            if self.keepalive is not None:
                 self.keepalive()
-                kept = now
             if self.lent_threads() > 0:
                 break
         self._spare_account(time.monotonic(), parked=False)
@@ -293,11 +290,11 @@ class CoreShare:
                 continue
             yield rec
 
-    def _lending(self, rec: dict, now: float, min_wait_s: float = MIN_LEND_WAIT_S) -> bool:
+    def _lending(self, rec: dict, now: float) -> bool:
         return (
             bool(rec.get("waiting"))
             and float(rec.get("idle", 0)) > self.lend_idle_above
-            and (min_wait_s <= 0 or now - float(rec.get("since", now)) >= min_wait_s)
+            and now - float(rec.get("since", now)) >= MIN_LEND_WAIT_S
         )
 
     def _borrowable(self) -> int:

@@ -111,7 +111,7 @@ class Learner:
             role="learner",
         )
         self.cores = cores.for_role(cfg, f"learner{self.rank}")
-        if self.cores is not None:  # re-checked at every decoder layer's forward
+        if self.cores is not None and cfg.launch.share_cores:  # borrows: at every layer's forward
             self.cores.watch(cores.decoder_layers(self.model))
         if self.rank == 0:
             self.tracker = Tracker.for_role(cfg, "learner")
