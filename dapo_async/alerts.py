@@ -7,13 +7,23 @@ flags and messages out). The learner logs each alert when it starts, keeps ``ale
                       ``alert_clip_frac``
     is_weight_tail    train/is_weight_p95 (raw π_prox/π_behav) above ``alert_is_weight_p95``
     heldout_drop      eval/accuracy more than ``alert_heldout_drop`` below its best so far
+    sampled_drop      rollout/sampled_accuracy (all sampled responses, the buffer's; mean of
+                      the last SAMPLED_WINDOW steps) more than ``alert_sampled_drop`` below
+                      its best such mean: a collapse seen at once, not at the next evaluation
 
 A threshold of 0 turns its alert off (``tracking.alert_*``).
 """
 
 from __future__ import annotations
 
-NAMES = ("entropy_collapse", "clip_runaway", "is_weight_tail", "heldout_drop")
+from collections import deque
+
+NAMES = ("entropy_collapse", "clip_runaway", "is_weight_tail", "heldout_drop", "sampled_drop")
+
+# Steps averaged before the sampled accuracy is compared: one step's figure is a few groups'
+# worth (16 prompts × 8 responses in the main job) and moves by ±0.2 on its own; a collapse
+# (0.77 → 0.02 in two steps, docs/results.md) shows within three.
+SAMPLED_WINDOW = 3
 
 
 class Alerts:
@@ -24,6 +34,9 @@ class Alerts:
         self.heldout_low = False  # the last evaluation's state (held between evaluations)
         self.last_heldout = 0.0
         self.active: set[str] = set()
+        self.sampled: deque[float] = deque(maxlen=SAMPLED_WINDOW)
+        self.best_sampled: float | None = None
+        self.sampled_low = ""  # the message while the sampled accuracy is down
 
     def check(self, m: dict) -> tuple[dict[str, float], list[str]]:
         """(``alert/<name>`` flags for ``m``'s step, messages of alerts that start now)."""
@@ -49,6 +62,7 @@ class Alerts:
                 "far from the policy)"
             )
         self._heldout(m.get("eval/accuracy"), now)
+        self._sampled(m.get("rollout/sampled_accuracy"), now)
         started = [msg for name, msg in now.items() if name not in self.active]
         self.active = set(now)
         return {f"alert/{n}": float(n in now) for n in NAMES}, started
@@ -65,3 +79,21 @@ class Alerts:
                 f"held-out accuracy fell to {self.last_heldout:.3f}, {drop:g}+ below its best "
                 f"{self.best_heldout:.3f}"
             )
+
+    def _sampled(self, acc: float | None, now: dict) -> None:
+        drop = self.t.alert_sampled_drop
+        if acc is not None and acc == acc:  # NaN: nothing sampled this step; keep the state
+            self.sampled.append(acc)
+            if len(self.sampled) == SAMPLED_WINDOW:
+                mean = sum(self.sampled) / SAMPLED_WINDOW
+                best = mean if self.best_sampled is None else max(self.best_sampled, mean)
+                self.best_sampled = best
+                self.sampled_low = (
+                    f"sampled accuracy fell to {mean:.3f} (mean of the last {SAMPLED_WINDOW} "
+                    f"steps), {drop:g}+ below its best {best:.3f}: the policy may have "
+                    "collapsed (see samples/)"
+                    if drop > 0 and mean < best - drop
+                    else ""
+                )
+        if self.sampled_low:
+            now["sampled_drop"] = self.sampled_low

@@ -29,6 +29,8 @@ generator's every decode step (a slower CPU's generator). Per mode, ``learner_le
 waited (``launch.share_cores``); with ``launch.spare_generators``, ``spare_cpu_s`` is the CPU
 time the spares used (only while the learner waited) and ``learner_core_idle`` the share of the
 window the learner waited and no spare used its core (``bench.common.window_core_idle``).
+A run whose policy collapsed (the learner's ``sampled_drop`` alert) is named under ``warnings``
+and on stderr: its samples/s measures dynamic sampling refilling, not the overlap.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dapo_async.bench.common import (
+    collapsed_steps,
     heldout_accuracy,
     learner_window,
     print_result,
@@ -84,7 +87,22 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     out["ks_len"], out["ks_p"] = ks_two_sample(qualified, trained)
     out["len_p05"], out["len_p95"] = quantile(qualified, 0.05), quantile(qualified, 0.95)
     out["len_min"], out["len_max"] = float(min(qualified)), float(max(qualified))
+    out["collapsed_at"] = collapsed_steps(run_dir)
     return out
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}–{steps[-1]}" if len(steps) > 1 else str(steps[0])
+
+
+def collapse_warnings(res: dict[str, dict]) -> list[str]:
+    """One line per job of a round whose policy collapsed (``collapsed_at`` steps)."""
+    return [
+        f"{name}: the sampled accuracy collapsed at steps {_span(r['collapsed_at'])} (alert "
+        "sampled_drop): its samples/s measures dynamic sampling refilling, not the steady state"
+        for name, r in res.items()
+        if r.get("collapsed_at")
+    ]
 
 
 def last_learner_value(run_dir: Path, key: str) -> float:
@@ -135,6 +153,7 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     r = res["stream"]
     out["response_len"] = {k: r[f"len_{k}"] for k in ("min", "p05", "p95", "max")}
     out["run_dirs"] = [str(root / name) for name in runs]
+    out["warnings"] = collapse_warnings(res)
     return out
 
 
@@ -169,6 +188,7 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
     sync = run("sync", "buffer.max_staleness=0")
     asyn = run("async", f"buffer.max_staleness={args.staleness}")
     out = versus(args, run, asyn["samples_per_s"])
+    out["warnings"] = collapse_warnings({"sync": sync, "async": asyn})
     return out | {
         "steps": steps,
         "steady_state_from_step": 1 + args.staleness,
@@ -237,6 +257,9 @@ def median_of_rounds(rounds: list[dict]) -> dict:
             out[key] = statistics.median(values)
             out["range"][key] = [min(values), max(values)]
     out["run_dirs"] = [d for r in rounds for d in r["run_dirs"]]
+    out["warnings"] = [
+        f"round {i}: {w}" for i, r in enumerate(rounds, 1) for w in r.get("warnings", [])
+    ]
     out["rounds"] = rounds
     return out
 
@@ -271,5 +294,7 @@ def main(args: argparse.Namespace) -> int:
                 f"[bench async] round {i + 1}/{args.rounds}: {summary(rounds[-1])}", file=sys.stderr
             )
     out = median_of_rounds(rounds)
+    for warning in out["warnings"]:
+        print(f"[bench async] warning: {warning}", file=sys.stderr)
     word = f"median of {args.rounds} rounds: " if args.rounds > 1 else ""
     return print_result(word + summary(out), out, args.json)

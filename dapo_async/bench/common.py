@@ -102,6 +102,17 @@ def window_core_idle(run_dir: Path, start: dict, window: list[dict]) -> dict[str
     return {"spare_cpu_s": spare, "learner_core_idle": max(waited - spare, 0.0) / (t1 - t0)}
 
 
+def collapsed_steps(run_dir: Path) -> list[int]:
+    """The learner steps of a run flagged ``alert/sampled_drop`` (alerts.py: the sampled
+    accuracy fell far below its best): a throughput figure over them measures dynamic sampling
+    refilling after a policy collapse, not the steady state."""
+    return [
+        int(r["step"])
+        for r in read_metrics(run_dir, "learner")
+        if r.get("alert/sampled_drop") and "step" in r
+    ]
+
+
 def heldout_curve(run_dir: Path) -> list[tuple[int, float]]:
     """Every held-out evaluation of a run as (step, accuracy), in step order: the learner's own
     (before and after training, and periodic ones with ``learner.eval_process=false``) and the

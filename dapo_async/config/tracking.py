@@ -47,6 +47,14 @@ class TrackingConfig:
     alert_heldout_drop: float = F(
         0.1, "Warn when held-out accuracy falls this far below its best so far; 0 = off.", ge=0
     )
+    alert_sampled_drop: float = F(
+        0.3,
+        "Warn when the accuracy of all sampled responses (mean of the last 3 steps) falls this "
+        "far below its best 3-step mean so far: the policy collapsed between held-out "
+        "evaluations (every response ends in one degenerate pattern); 0 = off.",
+        ge=0,
+        le=1,
+    )
     samples_max_mb: float = F(
         8.0,
         "Cap of each role's samples file (<run_dir>/samples/<role>.jsonl); past half of it the "

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from testutil import run_cli
 
-from dapo_async.bench.async_bench import median_of_rounds, steady_state
+from dapo_async.bench.async_bench import collapse_warnings, median_of_rounds, steady_state
 
 
 def _write_steps(d, steps):
@@ -59,6 +59,19 @@ def test_rounds_give_medians_of_each_rounds_own_ratio():
     assert out["range"]["speedup"] == [1.5, 2.5]  # the spread of the rounds' own ratios
     assert out["range"]["sync_samples_per_s"] == [80.0, 120.0]
     assert median_of_rounds(rounds[:1]) == rounds[0]
+
+
+def test_a_collapsed_run_is_named_in_the_warnings_of_its_round_and_of_the_median():
+    res = {"sync": {"collapsed_at": []}, "async": {"collapsed_at": [18, 19, 20]}}
+    (warning,) = collapse_warnings(res)
+    assert warning.startswith("async: the sampled accuracy collapsed at steps 18–20")
+    assert collapse_warnings({"stream": {"collapsed_at": [7]}})[0].startswith("stream: ")
+    rounds = [
+        {"speedup": 2.0, "run_dirs": [], "warnings": []},
+        {"speedup": 0.3, "run_dirs": [], "warnings": [warning]},
+        {"speedup": 2.1, "run_dirs": [], "warnings": []},
+    ]
+    assert median_of_rounds(rounds)["warnings"] == [f"round 2: {warning}"]
 
 
 def test_too_few_steps_for_the_staleness_fails_before_training(tmp_path, repo, cli_env):

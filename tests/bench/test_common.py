@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dapo_async.bench.common import spare_cpu_s, window_core_idle
+from dapo_async.bench.common import collapsed_steps, spare_cpu_s, window_core_idle
 
 
 def _write(path, rows):
@@ -42,3 +42,9 @@ def test_without_spares_core_idle_is_the_learners_idle(tmp_path):
         "spare_cpu_s": 0.0,
         "learner_core_idle": 0.25,
     }
+
+
+def test_collapsed_steps_are_those_the_learner_flagged_sampled_drop(tmp_path):
+    rows = [{"step": s, "alert/sampled_drop": float(s in (5, 6))} for s in range(1, 9)]
+    _write(tmp_path / "metrics" / "learner.jsonl", [{"step": 0}, *rows])
+    assert collapsed_steps(tmp_path) == [5, 6]
