@@ -254,6 +254,45 @@ def test_a_spare_does_not_run_on_a_learner_below_the_threshold_and_stops_on_ctrl
     assert not (tmp_path / "cores" / "spare0").exists()
 
 
+# A busy loop that reports its CPU seconds: run as two processes, each in a session of its own
+# (as the launcher starts roles), pinned to one core, one lowered by ``lower_priority``.
+BUSY = """
+import os, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+if sys.argv[1] == "spare":
+    from dapo_async.cores import lower_priority
+    print(lower_priority(), flush=True)
+t = time.monotonic()
+while time.monotonic() - t < 2.0:
+    pass
+print(time.process_time())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs SCHED_IDLE (Linux)")
+def test_a_lowered_spare_in_its_own_session_gets_almost_none_of_a_busy_core():
+    procs = {
+        role: subprocess.Popen(
+            [sys.executable, "-c", BUSY, role],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for role in ("learner", "spare")
+    }
+    out = {role: p.communicate(timeout=60)[0].split() for role, p in procs.items()}
+    if Path("/proc/self/autogroup").exists():  # it leads its session: its group goes down too
+        assert "autogroup" in " ".join(out["spare"][:-1])
+    # with autogroups and SCHED_IDLE alone the spare took half (1.55 of 3 CPU-s, measured)
+    assert float(out["spare"][-1]) < 0.25 * float(out["learner"][-1])
+
+
+def test_a_process_that_does_not_lead_its_session_leaves_the_sessions_group_alone():
+    code = "from dapo_async.cores import _lower_autogroup; print(_lower_autogroup())"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "False", res.stderr  # our session: pytest's, not its own
+
+
 def test_spare_generators_are_refused_where_they_cannot_work():
     from dapo_async.config import ConfigError, load_config
 
