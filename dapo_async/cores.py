@@ -344,22 +344,30 @@ def for_role(cfg, name: str, engine: str = "hf", kind: str = "learner", stop=Non
 
 
 def lower_priority() -> str:
-    """Run this process only on cores nothing else wants: SCHED_IDLE where the OS has it (any
-    user may lower its own), else the lowest nice level; and its session's autogroup at nice
-    19 where it leads that session (``_lower_autogroup``). Returns what it set."""
-    done = []
+    """Run this process only on cores nothing else wants: every thread of it to SCHED_IDLE
+    where the OS has it (any user may lower its own), else to the lowest nice level; and its
+    session's autogroup to nice 19 where it leads that session (``_lower_autogroup``). Called
+    once start-up is done (model loaded, buffer connected): at this priority, beside a learner
+    and a generator that never wait, start-up itself got no CPU (a spare was still waiting for
+    the buffer's endpoint when a 24-step run ended). Returns what it set."""
+    tids = (
+        [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    )
+    done = ""
     if hasattr(os, "SCHED_IDLE"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            done.append("SCHED_IDLE")
+            for tid in tids:  # a thread's class is its own (Linux): each one, not just ours
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            done = "SCHED_IDLE"
         except OSError:
             pass
     if not done:
-        os.nice(19)
-        done.append("nice 19")
+        for tid in tids:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        done = "nice 19"
     if _lower_autogroup():
-        done.append("autogroup nice 19")
-    return ", ".join(done)
+        done += ", autogroup nice 19"
+    return done
 
 
 def _lower_autogroup() -> bool:

@@ -260,8 +260,12 @@ BUSY = """
 import os, sys, time
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 if sys.argv[1] == "spare":
+    import threading
     from dapo_async.cores import lower_priority
-    print(lower_priority(), flush=True)
+    threading.Thread(target=time.sleep, args=(3.0,), daemon=True).start()  # started before
+    print(lower_priority().replace(" ", "_"), flush=True)
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    print(all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in tids) and len(tids) > 1)
 t = time.monotonic()
 while time.monotonic() - t < 2.0:
     pass
@@ -281,8 +285,10 @@ def test_a_lowered_spare_in_its_own_session_gets_almost_none_of_a_busy_core():
         for role in ("learner", "spare")
     }
     out = {role: p.communicate(timeout=60)[0].split() for role, p in procs.items()}
+    lowered, every_thread, _ = out["spare"]
+    assert every_thread == "True"  # the thread started before it too
     if Path("/proc/self/autogroup").exists():  # it leads its session: its group goes down too
-        assert "autogroup" in " ".join(out["spare"][:-1])
+        assert "autogroup" in lowered
     # with autogroups and SCHED_IDLE alone the spare took half (1.55 of 3 CPU-s, measured)
     assert float(out["spare"][-1]) < 0.25 * float(out["learner"][-1])
 

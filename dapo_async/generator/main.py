@@ -56,8 +56,6 @@ def main(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)
     spare = getattr(args, "spare", False)
-    if spare:  # before torch and ZeroMQ start their threads: they inherit it
-        log.info("spare generator: decodes on lent cores only (%s)", cores.lower_priority())
 
     run_dir = cfg.resolved_run_dir
     engine = engine_for(cfg, cfg.model.source_dir)
@@ -85,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
     loop = make_loop(cfg, engine, args, kwargs)
     if share is not None:  # a parked spare heartbeats and takes weight rounds
         share.keepalive = loop.on_parked
+    if spare:  # start-up done at normal priority; every thread (torch, ZeroMQ) lowered now
+        log.info("spare generator: decodes on lent cores only (%s)", cores.lower_priority())
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)
     try:
         counters = loop.run(stop)
