@@ -224,7 +224,10 @@ class Supervisor:
             if self.learner.restart_at is None and self.learner.poll() == 0:
                 break
             now = time.monotonic()
-            self._tend(self.roles, now, finished=())
+            # the evaluator's 0 is its end even here: it may see the learner's last step and
+            # exit before the learner does, and a restart would then wait minutes for work
+            self._tend([r for r in self.roles if r not in self.extras], now, finished=())
+            self._tend(self.extras, now, finished=(0,))
             self._status()
             time.sleep(WATCH_PERIOD_S)
         if sys.stderr.isatty():
