@@ -8,7 +8,10 @@ Runs the same training job twice with the launcher (`dapo-async train`), first s
   ``1 + staleness`` to the end of the last step, in both runs (start-up, the first generation and
   the backlog an asynchronous run may build before its first step are excluded);
 - ``*_learner_idle``: the learner's share of that time spent waiting for data;
-- ``speedup`` = async ÷ sync samples/s; held-out accuracy before and after each run.
+- ``speedup`` = async ÷ sync samples/s; held-out accuracy before and after each run;
+- ``*filtered_token_share*``: the share of the generated response tokens in groups dynamic
+  sampling dropped (all responses equally right or wrong), over the whole run: decoding that
+  trains nothing, which makes the generator the bottleneck as the policy masters the task.
 
 The default is the tiny CPU job (one learner, one generator, one torch thread each).
 
@@ -80,7 +83,9 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     # cores lent by the learner while it waited, borrowed by generators (launch.share_cores)
     out["generator_borrowed_s"] = sum(g.get("cores/borrowed_s", 0.0) for g in gens)
     out["learner_lent_s"] = last_learner_value(run_dir, "cores/lent_s")
-    hists = json.loads((run_dir / "buffer_final.json").read_text())["response_len_hist"]
+    final = json.loads((run_dir / "buffer_final.json").read_text())
+    out["filtered_token_share"] = filtered_token_share(final["counters"])
+    hists = final["response_len_hist"]
     qualified, trained = (
         {int(k): v for k, v in hists[h].items()} for h in ("qualified", "trained")
     )
@@ -89,6 +94,13 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     out["len_min"], out["len_max"] = float(min(qualified)), float(max(qualified))
     out["collapsed_at"] = collapsed_steps(run_dir)
     return out
+
+
+def filtered_token_share(counters: dict) -> float:
+    """The share of the generated response tokens in groups dynamic sampling dropped (NaN
+    for a buffer that did not count tokens)."""
+    produced = counters.get("tokens_produced", 0)
+    return counters.get("tokens_filtered", 0) / produced if produced else float("nan")
 
 
 def _span(steps: list[int]) -> str:
@@ -145,6 +157,7 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         out[f"heldout_after_{name}"] = r.get("heldout_after")
         out[f"learner_lent_s_{name}"] = r["learner_lent_s"]
         out[f"generator_borrowed_s_{name}"] = r["generator_borrowed_s"]
+        out[f"filtered_token_share_{name}"] = r["filtered_token_share"]
     for name in ("batch", "stream"):
         out[f"ks_len_{name}"], out[f"ks_p_{name}"] = res[name]["ks_len"], res[name]["ks_p"]
     out["speedup_stream_vs_batch"] = res["stream"]["samples_per_s"] / res["batch"]["samples_per_s"]
@@ -177,7 +190,8 @@ def longtail_summary(out: dict) -> str:
         f"stream {out['samples_per_s_stream']:.1f} samples/s; stream/batch "
         f"{_spread(out, 'speedup_stream_vs_batch')}x; learner idle stream "
         f"{_spread(out, 'learner_idle_stream')}{_core_idle(out, '_stream')}; occupancy batch {out['engine_occupancy_batch']:.2f} "
-        f"stream {out['engine_occupancy_stream']:.2f}; KS(trained vs qualified lengths) stream "
+        f"stream {out['engine_occupancy_stream']:.2f}; generated tokens dropped by dynamic "
+        f"sampling stream {out['filtered_token_share_stream']:.2f}; KS(trained vs qualified lengths) stream "
         f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
     )
 
@@ -207,6 +221,7 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "async_learner_lent_s": asyn["learner_lent_s"],
         "sync_generator_borrowed_s": sync["generator_borrowed_s"],
         "async_generator_borrowed_s": asyn["generator_borrowed_s"],
+        "async_filtered_token_share": asyn["filtered_token_share"],
         "heldout_before": sync.get("heldout_before"),
         "sync_heldout_after": sync.get("heldout_after"),
         "async_heldout_after": asyn.get("heldout_after"),
@@ -232,7 +247,8 @@ def default_summary(out: dict) -> str:
         f"sync {out['sync_samples_per_s']:.1f} samples/s (learner idle "
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
-        f"{_spread(out, 'async_learner_idle')}{_core_idle(out, '', 'async_')}); speedup {_spread(out, 'speedup')}x"
+        f"{_spread(out, 'async_learner_idle')}{_core_idle(out, '', 'async_')}); speedup {_spread(out, 'speedup')}x; "
+        f"generated tokens dropped by dynamic sampling {out['async_filtered_token_share']:.2f}"
     )
     if "versus" in out:
         text += (

@@ -19,8 +19,18 @@ class Counters:
     lease_overdue: int = 0  # of those: past buffer.lease_deadline_s while their holder lived
     lease_stalled: int = 0  # of those: re-issued by the watchdog (the learner waited)
     paced_waits: int = 0  # batch requests that waited for a prompt due at that step
+    # response tokens of the groups received, and of those dynamic sampling dropped (zero
+    # variance): the share of the generators' decoding that trains nothing
+    tokens_produced: int = 0
+    tokens_filtered: int = 0
     dropped: Counter = field(default_factory=Counter)  # reason -> count
     rejected: Counter = field(default_factory=Counter)  # reason -> count (never stored)
+
+    def count_received(self, response_lens) -> None:
+        """A group received for the first time, with its responses' lengths."""
+        self.produced += 1
+        self.accepted += 1
+        self.tokens_produced += int(sum(response_lens))
 
     def to_dict(self) -> dict:
         out: dict = {name: getattr(self, name) for name in COUNT_FIELDS}
@@ -37,7 +47,7 @@ class Counters:
 # The plain counts of Counters, in snapshot order.
 COUNT_FIELDS = (
     "produced", "accepted", "qualified", "trained", "leased", "lease_reissued", "lease_overdue",
-    "lease_stalled", "paced_waits",
+    "lease_stalled", "paced_waits", "tokens_produced", "tokens_filtered",
 )  # fmt: skip
 
 
@@ -56,6 +66,8 @@ def state_stats(state) -> dict[str, float]:
     if state.recent_sampled:
         correct = sum(a for a, _ in state.recent_sampled)
         out["rollout/sampled_accuracy"] = correct / sum(n for _, n in state.recent_sampled)
+    if c.tokens_produced:
+        out["buffer/filtered_token_share"] = c.tokens_filtered / c.tokens_produced
     out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
     out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
     return out

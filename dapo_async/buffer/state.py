@@ -182,8 +182,7 @@ class BufferState:
         del self.leases[group.prompt_id]
         self.on_probation.pop(group.generator_id, None)
         self._remember(gid)
-        self.counters.produced += 1
-        self.counters.accepted += 1
+        self.counters.count_received(group.response_lens)
         self.recent_sampled.append((float(np.sum(group.acc)), group.num_responses))
         self.generators[group.generator_id] = time.monotonic()
         metric = group.acc if self.cfg.filter_metric == "acc" else group.rewards
@@ -192,6 +191,7 @@ class BufferState:
             keep = dynamic_sampling_keep(metric, np.array(sizes), group.acc, lo, hi)[0]
             if not keep:
                 self.counters.dropped["filtered"] += 1
+                self.counters.tokens_filtered += int(group.response_lens.sum())
                 self.on_drop(group, "filtered")
                 return "stored"
         self.groups[gid] = group

@@ -105,6 +105,9 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     for mode in ("batch", "stream"):
         assert 0 <= r[f"ks_len_{mode}"] <= 1 and 0 <= r[f"ks_p_{mode}"] <= 1
     assert r["speedup_stream_vs_batch"] > 0
+    # every generated token is counted; dynamic sampling is off here, so none was dropped
+    final = json.loads((tmp_path / "stream" / "buffer_final.json").read_text())["counters"]
+    assert final["tokens_produced"] > 0 and r["filtered_token_share_stream"] == 0.0
     assert r["response_len"]["max"] > r["response_len"]["min"]
     gen = json.loads(next((tmp_path / "stream" / "generators").glob("*.json")).read_text())
     assert "update_pause_s" in gen  # the stream loop ran
@@ -128,7 +131,8 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
             rate = {"sync": 10.0, "async": 19.0, "versus": 20.0}[name]
             return {"samples_per_s": rate, "learner_idle": 0.1, "staleness_mean": 0.5,
                     "learner_lent_s": 0.0, "generator_borrowed_s": 0.0,
-                    "learner_core_idle": 0.1, "spare_cpu_s": 0.0}  # fmt: skip
+                    "learner_core_idle": 0.1, "spare_cpu_s": 0.0,
+                    "filtered_token_share": 0.25}  # fmt: skip
 
         return run
 
@@ -143,3 +147,5 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
     assert calls[-1] == ("versus", ("buffer.max_staleness=2", "tracking.samples_per_step=0"))
     assert out["async_vs_versus"] == 19.0 / 20.0 and out["versus_samples_per_s"] == 20.0
     assert "with tracking.samples_per_step=0: 20.0 samples/s" in ab.default_summary(out)
+    assert out["async_filtered_token_share"] == 0.25
+    assert "dropped by dynamic sampling 0.25" in ab.default_summary(out)

@@ -96,6 +96,28 @@ def test_dynamic_sampling_filter_and_band_pass():
     assert len(off.ready) == 1
 
 
+def test_tokens_of_filtered_groups_are_counted_and_survive_a_snapshot():
+    """The share of decoded tokens dynamic sampling threw away: buffer/filtered_token_share
+    (and bench async's filtered_token_share); a snapshot written before tokens were counted
+    still loads, with zero."""
+    from dapo_async.buffer.counters import Counters, state_stats
+
+    s = state(groups_per_step=8)
+    a, b, c = s.grant("g", 3)
+    s.ingest(group("g", 0, a.lease_id, acc=(1, 1), tokens_per_response=5))  # filtered: 10
+    s.ingest(group("g", 1, b.lease_id, acc=(1, 0), tokens_per_response=3))  # kept: 6
+    s.ingest(group("g", 2, c.lease_id, acc=(0, 0, 0), tokens_per_response=8))  # filtered: 24
+    assert (s.counters.tokens_produced, s.counters.tokens_filtered) == (40, 34)
+    stats = state_stats(s)
+    assert stats["buffer/tokens_produced"] == 40.0 and stats["buffer/tokens_filtered"] == 34.0
+    assert stats["buffer/filtered_token_share"] == pytest.approx(34 / 40)
+    assert Counters.from_dict(s.counters.to_dict()) == s.counters
+    old = s.counters.to_dict()
+    del old["tokens_produced"], old["tokens_filtered"]
+    assert Counters.from_dict(old).tokens_produced == 0
+    assert "buffer/filtered_token_share" not in state_stats(state())  # nothing decoded yet
+
+
 def test_staleness_eviction_at_assembly():
     s = state(groups_per_step=2, max_staleness=1, max_buffered_groups=100)
     s.version = 3  # pretend the learner is at step 3: capacity is large
