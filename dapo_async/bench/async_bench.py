@@ -11,7 +11,10 @@ Runs the same training job twice with the launcher (`dapo-async train`), first s
 - ``speedup`` = async ÷ sync samples/s; held-out accuracy before and after each run;
 - ``*filtered_token_share*``: the share of the generated response tokens in groups dynamic
   sampling dropped (all responses equally right or wrong), over the whole run: decoding that
-  trains nothing, which makes the generator the bottleneck as the policy masters the task.
+  trains nothing, which makes the generator the bottleneck as the policy masters the task;
+- ``phase<i>_learner_idle*`` and ``phase<i>_produced_per_qualified*``: the window in thirds,
+  each with the learner's idle share and the groups generated per group that qualified
+  (``bench.common.window_phases``): where in the run the learner waits, and why.
 
 The default is the tiny CPU job (one learner, one generator, one torch thread each).
 
@@ -53,6 +56,7 @@ from dapo_async.bench.common import (
     print_result,
     run_train,
     window_core_idle,
+    window_phases,
     window_rates,
 )
 from dapo_async.bench.options import DEFAULT_CONFIG, LONGTAIL_CONFIG
@@ -68,6 +72,9 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
         "steps": float(skip + len(window)),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
     }
+    for i, part in enumerate(window_phases(start, window), 1):  # flat keys: medians per round
+        out[f"phase{i}_learner_idle"] = part["learner_idle"]
+        out[f"phase{i}_produced_per_qualified"] = part["produced_per_qualified"]
     for when in ("before", "after"):
         if (run_dir / f"eval_{when}.json").exists():
             out[f"heldout_{when}"] = heldout_accuracy(run_dir, when)
@@ -158,6 +165,7 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         out[f"learner_lent_s_{name}"] = r["learner_lent_s"]
         out[f"generator_borrowed_s_{name}"] = r["generator_borrowed_s"]
         out[f"filtered_token_share_{name}"] = r["filtered_token_share"]
+        out.update({f"{k}_{name}": v for k, v in r.items() if k.startswith("phase")})
     for name in ("batch", "stream"):
         out[f"ks_len_{name}"], out[f"ks_p_{name}"] = res[name]["ks_len"], res[name]["ks_p"]
     out["speedup_stream_vs_batch"] = res["stream"]["samples_per_s"] / res["batch"]["samples_per_s"]
@@ -184,6 +192,17 @@ def _core_idle(out: dict, suffix: str, prefix: str = "") -> str:
     return f", core idle {_spread(out, f'{prefix}learner_core_idle{suffix}')} (spares)"
 
 
+def _phases(out: dict, key: Callable[[str], str]) -> str:
+    """The learner's idle share and the groups made per qualified one, by part of the window
+    (``key(figure)`` names a part's key; \"\" when the result has none)."""
+    parts = [i for i in range(1, 10) if key(f"phase{i}_learner_idle") in out]
+    if not parts:
+        return ""
+    idle = "/".join(f"{out[key(f'phase{i}_learner_idle')]:.2f}" for i in parts)
+    made = "/".join(f"{out[key(f'phase{i}_produced_per_qualified')]:.1f}" for i in parts)
+    return f"; by thirds of the run: learner idle {idle}, groups made per qualified {made}"
+
+
 def longtail_summary(out: dict) -> str:
     return (
         f"longtail: sync {out['samples_per_s_sync']:.1f}, batch {out['samples_per_s_batch']:.1f}, "
@@ -193,6 +212,7 @@ def longtail_summary(out: dict) -> str:
         f"stream {out['engine_occupancy_stream']:.2f}; generated tokens dropped by dynamic "
         f"sampling stream {out['filtered_token_share_stream']:.2f}; KS(trained vs qualified lengths) stream "
         f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
+        f"{_phases(out, lambda k: f'{k}_stream')}"
     )
 
 
@@ -222,6 +242,7 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "sync_generator_borrowed_s": sync["generator_borrowed_s"],
         "async_generator_borrowed_s": asyn["generator_borrowed_s"],
         "async_filtered_token_share": asyn["filtered_token_share"],
+        **{f"async_{k}": v for k, v in asyn.items() if k.startswith("phase")},
         "heldout_before": sync.get("heldout_before"),
         "sync_heldout_after": sync.get("heldout_after"),
         "async_heldout_after": asyn.get("heldout_after"),
@@ -249,6 +270,7 @@ def default_summary(out: dict) -> str:
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
         f"{_spread(out, 'async_learner_idle')}{_core_idle(out, '', 'async_')}); speedup {_spread(out, 'speedup')}x; "
         f"generated tokens dropped by dynamic sampling {out['async_filtered_token_share']:.2f}"
+        f"{_phases(out, lambda k: f'async_{k}')}"
     )
     if "versus" in out:
         text += (

@@ -4,6 +4,7 @@ lines (a human summary on stderr, then the JSON line)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -71,6 +72,37 @@ def window_rates(start: dict, window: list[dict]) -> dict[str, float]:
         "samples_per_s": sum(r["rollout/num_responses"] for r in window) / elapsed,
         "learner_idle": sum(r["time/wait_data_s"] for r in window) / elapsed,
     }
+
+
+# Parts of the steady-state window ``window_phases`` reports: beginning, middle and end.
+PHASES = 3
+
+
+def window_phases(start: dict, window: list[dict], parts: int = PHASES) -> list[dict]:
+    """A ``learner_window`` cut into ``parts`` runs of consecutive steps; per part the
+    learner's idle share and ``produced_per_qualified``, the groups the generators made per
+    group that passed dynamic sampling. The second climbs as the policy masters the task (its
+    groups turn all-correct) and drags the first with it: the generator's work per trained
+    group grows while the learner's stays the same."""
+    records, n = [start, *window], len(window)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        if b <= a:
+            continue
+        first, last = records[a], window[b - 1]
+        elapsed = last["time"] - first["time"]
+        # the buffer's counters ride on each step's reply (absent: NaN)
+        qualified = last.get("buffer/qualified", 0) - first.get("buffer/qualified", 0)
+        produced = last.get("buffer/produced", 0) - first.get("buffer/produced", 0)
+        out.append(
+            {
+                "steps": [int(window[a]["step"]), int(last["step"])],
+                "learner_idle": sum(r["time/wait_data_s"] for r in window[a:b]) / elapsed,
+                "produced_per_qualified": produced / qualified if qualified else float("nan"),
+            }
+        )
+    return out
 
 
 def spare_cpu_s(run_dir: Path, t0: float, t1: float) -> float:

@@ -5,7 +5,12 @@ import json
 
 import pytest
 
-from dapo_async.bench.common import collapsed_steps, spare_cpu_s, window_core_idle
+from dapo_async.bench.common import (
+    collapsed_steps,
+    spare_cpu_s,
+    window_core_idle,
+    window_phases,
+)
 
 
 def _write(path, rows):
@@ -48,3 +53,27 @@ def test_collapsed_steps_are_those_the_learner_flagged_sampled_drop(tmp_path):
     rows = [{"step": s, "alert/sampled_drop": float(s in (5, 6))} for s in range(1, 9)]
     _write(tmp_path / "metrics" / "learner.jsonl", [{"step": 0}, *rows])
     assert collapsed_steps(tmp_path) == [5, 6]
+
+
+def test_phases_split_the_window_into_thirds_with_their_idle_and_groups_made_per_qualified():
+    """Each part: the learner's wait over its wall time, and groups produced per qualified one
+    between the record before the part and its last record."""
+    start = {"step": 2, "time": 0.0, "buffer/produced": 100, "buffer/qualified": 80}
+    window, produced, qualified = [], 100, 80
+    for i, (made, passed, wait) in enumerate(
+        [(12, 10, 0.0), (14, 10, 0.0), (25, 10, 0.5), (35, 10, 1.0), (40, 10, 1.0), (50, 10, 1.5)]
+    ):
+        produced, qualified = produced + made, qualified + passed
+        window.append({"step": 3 + i, "time": 2.0 * (i + 1), "time/wait_data_s": wait,
+                       "buffer/produced": produced, "buffer/qualified": qualified})  # fmt: skip
+    parts = window_phases(start, window)
+    assert [p["steps"] for p in parts] == [[3, 4], [5, 6], [7, 8]]
+    assert [p["learner_idle"] for p in parts] == pytest.approx([0.0, 1.5 / 4, 2.5 / 4])
+    assert [p["produced_per_qualified"] for p in parts] == pytest.approx([1.3, 3.0, 4.5])
+    # fewer steps than parts: no empty part; no buffer counters: NaN, not an error
+    bare = [{"step": 3, "time": 1.0, "time/wait_data_s": 0.2}]
+    (only,) = window_phases({"step": 2, "time": 0.0}, bare)
+    assert (
+        only["learner_idle"] == pytest.approx(0.2)
+        and only["produced_per_qualified"] != only["produced_per_qualified"]
+    )
