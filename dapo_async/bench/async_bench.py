@@ -50,6 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dapo_async.bench.common import (
+    PHASES,
     collapsed_steps,
     heldout_accuracy,
     learner_window,
@@ -61,6 +62,7 @@ from dapo_async.bench.common import (
 )
 from dapo_async.bench.options import DEFAULT_CONFIG, LONGTAIL_CONFIG
 from dapo_async.bench.stats import ks_two_sample, quantile
+from dapo_async.buffer.counters import Counters
 
 
 def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
@@ -104,10 +106,10 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
 
 
 def filtered_token_share(counters: dict) -> float:
-    """The share of the generated response tokens in groups dynamic sampling dropped (NaN
-    for a buffer that did not count tokens)."""
-    produced = counters.get("tokens_produced", 0)
-    return counters.get("tokens_filtered", 0) / produced if produced else float("nan")
+    """``Counters.filtered_token_share`` of a buffer's final counters (NaN for a buffer that
+    did not count tokens)."""
+    share = Counters.from_dict(counters).filtered_token_share()
+    return float("nan") if share is None else share
 
 
 def _span(steps: list[int]) -> str:
@@ -195,7 +197,7 @@ def _core_idle(out: dict, suffix: str, prefix: str = "") -> str:
 def _phases(out: dict, key: Callable[[str], str]) -> str:
     """The learner's idle share and the groups made per qualified one, by part of the window
     (``key(figure)`` names a part's key; \"\" when the result has none)."""
-    parts = [i for i in range(1, 10) if key(f"phase{i}_learner_idle") in out]
+    parts = [i for i in range(1, PHASES + 1) if key(f"phase{i}_learner_idle") in out]
     if not parts:
         return ""
     idle = "/".join(f"{out[key(f'phase{i}_learner_idle')]:.2f}" for i in parts)

@@ -32,6 +32,11 @@ class Counters:
         self.accepted += 1
         self.tokens_produced += int(sum(response_lens))
 
+    def filtered_token_share(self) -> float | None:
+        """The share of the response tokens received that were in groups dynamic sampling
+        dropped: the generators' decoding that trained nothing (None before any token)."""
+        return self.tokens_filtered / self.tokens_produced if self.tokens_produced else None
+
     def to_dict(self) -> dict:
         out: dict = {name: getattr(self, name) for name in COUNT_FIELDS}
         return out | {"dropped": dict(self.dropped), "rejected": dict(self.rejected)}
@@ -39,8 +44,8 @@ class Counters:
     @classmethod
     def from_dict(cls, d: dict) -> Counters:
         c = cls(**{name: d.get(name, 0) for name in COUNT_FIELDS})
-        c.dropped.update(d["dropped"])
-        c.rejected.update(d["rejected"])
+        c.dropped.update(d.get("dropped", {}))
+        c.rejected.update(d.get("rejected", {}))
         return c
 
 
@@ -66,8 +71,9 @@ def state_stats(state) -> dict[str, float]:
     if state.recent_sampled:
         correct = sum(a for a, _ in state.recent_sampled)
         out["rollout/sampled_accuracy"] = correct / sum(n for _, n in state.recent_sampled)
-    if c.tokens_produced:
-        out["buffer/filtered_token_share"] = c.tokens_filtered / c.tokens_produced
+    share = c.filtered_token_share()
+    if share is not None:
+        out["buffer/filtered_token_share"] = share
     out.update({f"buffer/dropped_{k}": float(v) for k, v in c.dropped.items()})
     out.update({f"buffer/rejected_{k}": float(v) for k, v in c.rejected.items()})
     return out

@@ -42,7 +42,14 @@ from dapo_async.config import WeightSyncConfig
 from dapo_async.devices import record_event, side_stream, use_stream, wait_event
 from dapo_async.weight_sync.base import WeightPublisher
 from dapo_async.weight_sync.buckets import FlatBuckets, digest
-from dapo_async.weight_sync.collectives import close_group, group_device, make_group, wait_all
+from dapo_async.weight_sync.collectives import (
+    FORM_SLACK_S,
+    close_group,
+    form_within,
+    group_device,
+    make_group,
+    wait_all,
+)
 from dapo_async.weight_sync.store import STORE_TIMEOUT_S, StoreServer, check_bind
 
 log = logging.getLogger(__name__)
@@ -239,6 +246,22 @@ class DistWeightPublisher(WeightPublisher):
             return False
         return sorted(alive) != sorted(self.members)
 
+    def _form(self):
+        """This epoch's group (rank 0). Gloo's formation is bounded from a thread of its own:
+        it can overrun its timeout by far when a member died after posting its address (NCCL's
+        returns at once: its communicator is non-blocking)."""
+        size = len(self.members) + 1
+
+        def build():
+            return make_group(
+                self.store, self.epoch, 0, size, self.timeout_s, self.backend, self.form_timeout_s
+            )
+
+        if self.backend == "nccl":
+            return build()
+        bound = self.form_timeout_s + FORM_SLACK_S
+        return form_within(build, bound, lambda built: close_group(built[0], self.backend))
+
     def _send_round(self, version: int) -> None:
         alive = self._alive_members()
         if sorted(alive) != sorted(self.members) or self.pg is None:
@@ -259,10 +282,7 @@ class DistWeightPublisher(WeightPublisher):
         self.store.delete_key(f"digests/{self.epoch}/{self.round - KEEP_ROUNDS}")
         self.store.set("latest", json.dumps([self.epoch, self.round]))
         if self.pg is None:
-            self.pg, _ = make_group(
-                self.store, self.epoch, 0, len(self.members) + 1, self.timeout_s, self.backend,
-                self.form_timeout_s,
-            )  # fmt: skip
+            self.pg, _ = self._form()
         works, digests = [], []
         with use_stream(self.stream):
             wait_event(self.bucket_event, self.stream)

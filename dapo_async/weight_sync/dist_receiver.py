@@ -3,18 +3,23 @@ through the store, keep a heartbeat, form each epoch's group the moment it is an
 part in each round of the current epoch, verify every bucket's digest, and hand back a state
 dict of views into the received buckets.
 
-    former thread (every FORM_POLL_S): a newer epoch with us in it? → build its group, bounded
-            by weight_sync.form_timeout_s (a failed formation: we join the next epoch)
+    former thread (every FORM_POLL_S): a newer epoch with us in it? → a thread of its own
+            builds its group, bounded by weight_sync.form_timeout_s (a failed formation: we
+            join the next epoch); a formation that overruns never delays the next one
     poll(): heartbeat ─ no newer round? → None
             its epoch's group still forming? → None (the round is taken at a later poll)
             receive the buckets (digesting each as the next arrives) → compare digests
             → (state, version) | WeightSyncError (previous weights kept)
-            | None when the sender abandoned the round (we join the next epoch)
+            | None when the sender abandoned the round: a collective failed, or it announced
+              a newer epoch (asked every ABANDON_POLL_S while the round waits; we join that one)
 
 Forming from a thread keeps formation short whatever the generator is doing (a long batch, a
 vLLM step): every live member joins within FORM_POLL_S, so the sender can bound formation
 tightly, and a member that dies while the group forms costs the others that bound, not a
-collective timeout.
+collective timeout. Each epoch forms in a thread of its own because gloo can take far longer
+than its timeout to give up on a dead member (60 s seen on a loaded 2-core machine, against a
+10 s bound): one former thread stuck in it would come to every later epoch after the sender had
+abandoned it, and never join again.
 """
 
 from __future__ import annotations
@@ -73,8 +78,10 @@ class DistWeightReceiver(WeightReceiver):
         self.last = (-1, -1)
         self.version = -1
         self.buckets: FlatBuckets | None = None
-        # epoch -> (rank, group | None when its formation failed), filled by the former thread
+        # epoch -> (rank, group | None when its formation failed), filled by formation threads
         self._formed: dict[int, tuple[int, object]] = {}
+        self._adopted = -1  # newest epoch adopted: a formation of an older one is discarded
+        self._closed = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._former = threading.Thread(target=self._form_loop, name="wsync-form", daemon=True)
@@ -108,7 +115,10 @@ class DistWeightReceiver(WeightReceiver):
             except Exception:  # the store went away: poll() reports it
                 continue
             if self.id in members:
-                self._form(e, members.index(self.id) + 1, len(members) + 1)
+                args = (e, members.index(self.id) + 1, len(members) + 1)
+                threading.Thread(
+                    target=self._form, args=args, name=f"wsync-form-{e}", daemon=True
+                ).start()
 
     def _form(self, e: int, rank: int, size: int) -> None:
         try:
@@ -116,10 +126,14 @@ class DistWeightReceiver(WeightReceiver):
                 self.store, e, rank, size, self.timeout_s, self.backend, self.form_timeout_s
             )
         except Exception as err:  # a member died while it formed: the sender re-forms
-            log.warning("weight-sync epoch %d did not form (%s)", e, str(err).splitlines()[0][:120])
+            first = (str(err).splitlines() or [type(err).__name__])[0]
+            log.warning("weight-sync epoch %d did not form (%s)", e, first[:120])
             pg = None
         with self._lock:
-            self._formed[e] = (rank, pg)
+            if not (self._closed or e <= self._adopted):
+                self._formed[e] = (rank, pg)
+                return
+        close_group(pg, self.backend)  # overran: a newer epoch is ours, or we closed
 
     def ready(self, at: tuple[int, int]) -> bool:
         """Whether ``poll(at)`` would return at once: False only while the group of ``at``'s
@@ -142,6 +156,7 @@ class DistWeightReceiver(WeightReceiver):
                 return False
             stale = sorted(k for k in self._formed if k <= e)
             groups = [self._formed.pop(k)[1] for k in stale]
+            self._adopted = max(self._adopted, e)
         close_group(self.pg, self.backend)
         for g in groups[:-1]:
             close_group(g, self.backend)
@@ -176,9 +191,14 @@ class DistWeightReceiver(WeightReceiver):
         try:
             works = [self.pg.broadcast(buf, 0) for buf in self.buckets.buffers]
             got = []  # digest bucket i (on the host's word that it arrived) while i + 1 arrives
-            wait_all(works, self.timeout_s, lambda i: got.append(digest(self.buckets.buffers[i])))
-        except RuntimeError as e:  # the sender abandoned the round (a member died)
-            log.warning("weight-sync round %d failed (%s); joining the next one", r, str(e)[:120])
+            wait_all(
+                works,
+                self.timeout_s,
+                lambda i: got.append(digest(self.buckets.buffers[i])),
+                abandoned=lambda: self.latest()[0] > e,
+            )
+        except RuntimeError as err:  # the sender abandoned the round (a member died)
+            log.warning("weight-sync round %d failed (%s); joining the next one", r, str(err)[:120])
             self._leave_group()
             return None
         # the sender posts the digests once it has computed them (during the transfer)
@@ -214,6 +234,7 @@ class DistWeightReceiver(WeightReceiver):
         self.heartbeat.close()
         close_group(self.pg, self.backend)
         with self._lock:
+            self._closed = True  # formations still running close their group when done
             for _, g in self._formed.values():
                 close_group(g, self.backend)
             self._formed.clear()
