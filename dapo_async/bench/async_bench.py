@@ -9,6 +9,7 @@ Runs the same training job twice with the launcher (`dapo-async train`), first s
   the backlog an asynchronous run may build before its first step are excluded);
 - ``*_learner_idle``: the learner's share of that time spent waiting for data;
 - ``speedup`` = async ÷ sync samples/s; held-out accuracy before and after each run;
+- ``*stale_share*``: the share of the qualified groups dropped as stale at assembly.
 - ``*filtered_token_share*``: the share of the generated response tokens in groups dynamic
   sampling dropped (all responses equally right or wrong), over the whole run: decoding that
   trains nothing, which makes the generator the bottleneck as the policy masters the task;
@@ -94,6 +95,7 @@ def run_job(config: str, overrides: list[str], run_dir: Path, skip: int) -> dict
     out["learner_lent_s"] = last_learner_value(run_dir, "cores/lent_s")
     final = json.loads((run_dir / "buffer_final.json").read_text())
     out["filtered_token_share"] = filtered_token_share(final["counters"])
+    out["stale_share"] = stale_share(final["counters"])
     hists = final["response_len_hist"]
     qualified, trained = (
         {int(k): v for k, v in hists[h].items()} for h in ("qualified", "trained")
@@ -110,6 +112,14 @@ def filtered_token_share(counters: dict) -> float:
     did not count tokens)."""
     share = Counters.from_dict(counters).filtered_token_share()
     return float("nan") if share is None else share
+
+
+def stale_share(counters: dict) -> float:
+    """The share of the qualified groups dropped as stale at assembly: a surplus admission let
+    in (``buffer.admit_expected``) or a generator that lagged (NaN with none qualified)."""
+    qualified = counters.get("qualified", 0)
+    stale = counters.get("dropped", {}).get("stale", 0)
+    return stale / qualified if qualified else float("nan")
 
 
 def _span(steps: list[int]) -> str:
@@ -167,6 +177,7 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         out[f"learner_lent_s_{name}"] = r["learner_lent_s"]
         out[f"generator_borrowed_s_{name}"] = r["generator_borrowed_s"]
         out[f"filtered_token_share_{name}"] = r["filtered_token_share"]
+        out[f"stale_share_{name}"] = r["stale_share"]
         out.update({f"{k}_{name}": v for k, v in r.items() if k.startswith("phase")})
     for name in ("batch", "stream"):
         out[f"ks_len_{name}"], out[f"ks_p_{name}"] = res[name]["ks_len"], res[name]["ks_p"]
@@ -212,7 +223,8 @@ def longtail_summary(out: dict) -> str:
         f"{_spread(out, 'speedup_stream_vs_batch')}x; learner idle stream "
         f"{_spread(out, 'learner_idle_stream')}{_core_idle(out, '_stream')}; occupancy batch {out['engine_occupancy_batch']:.2f} "
         f"stream {out['engine_occupancy_stream']:.2f}; generated tokens dropped by dynamic "
-        f"sampling stream {out['filtered_token_share_stream']:.2f}; KS(trained vs qualified lengths) stream "
+        f"sampling stream {out['filtered_token_share_stream']:.2f}; qualified groups dropped "
+        f"stale stream {out['stale_share_stream']:.3f}; KS(trained vs qualified lengths) stream "
         f"{out['ks_len_stream']:.3f} (p {out['ks_p_stream']:.2f})"
         f"{_phases(out, lambda k: f'{k}_stream')}"
     )
@@ -244,6 +256,7 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "sync_generator_borrowed_s": sync["generator_borrowed_s"],
         "async_generator_borrowed_s": asyn["generator_borrowed_s"],
         "async_filtered_token_share": asyn["filtered_token_share"],
+        "async_stale_share": asyn["stale_share"],
         **{f"async_{k}": v for k, v in asyn.items() if k.startswith("phase")},
         "heldout_before": sync.get("heldout_before"),
         "sync_heldout_after": sync.get("heldout_after"),
@@ -271,7 +284,8 @@ def default_summary(out: dict) -> str:
         f"{out['sync_learner_idle']:.2f}); async (max_staleness={out['max_staleness']}) "
         f"{out['async_samples_per_s']:.1f} samples/s (learner idle "
         f"{_spread(out, 'async_learner_idle')}{_core_idle(out, '', 'async_')}); speedup {_spread(out, 'speedup')}x; "
-        f"generated tokens dropped by dynamic sampling {out['async_filtered_token_share']:.2f}"
+        f"generated tokens dropped by dynamic sampling {out['async_filtered_token_share']:.2f}; "
+        f"qualified groups dropped stale {out['async_stale_share']:.3f}"
         f"{_phases(out, lambda k: f'async_{k}')}"
     )
     if "versus" in out:

@@ -69,8 +69,8 @@ def state_stats(state) -> dict[str, float]:
         },
     }
     if state.recent_sampled:
-        correct = sum(a for a, _ in state.recent_sampled)
-        out["rollout/sampled_accuracy"] = correct / sum(n for _, n in state.recent_sampled)
+        correct = sum(r[0] for r in state.recent_sampled)
+        out["rollout/sampled_accuracy"] = correct / sum(r[1] for r in state.recent_sampled)
     share = c.filtered_token_share()
     if share is not None:
         out["buffer/filtered_token_share"] = share

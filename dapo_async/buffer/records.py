@@ -1,9 +1,13 @@
 """The buffer's records: a lease (a prompt handed to a generator), which leases will not come
-back in time (``late_leases``), whether one holds a step (``holds_step``: pacing), a step's
-batch, and how a step's groups are split across learner ranks (``balance_shards``)."""
+back in time (``late_leases``), how many outstanding leases admission counts
+(``outstanding_allowed``) and the order of a surplus due at a step (``shuffle_due``), whether
+one holds a step (``holds_step``: pacing), a step's batch, and how a step's groups are split
+across learner ranks (``balance_shards``)."""
 
 from __future__ import annotations
 
+import random
+from collections import deque
 from dataclasses import dataclass
 
 from dapo_async.protocol import GroupId
@@ -43,6 +47,33 @@ def late_leases(leases, generators: dict, waiting_since: dict, cfg, now: float) 
         elif stalled and age > cfg.stall_reissue_s:
             out.append((ls, "stalled"))
     return out
+
+
+def outstanding_allowed(free: int, recent) -> int:
+    """The most leases that may be outstanding while ``free`` more groups may still count
+    toward the steps up to a deadline, each lease counting as the share of the ``recent``
+    groups (``(correct, responses, qualified)``) that passed dynamic sampling, plus one
+    qualified as a prior: with no history each counts one, as when none is filtered. Counting
+    each as one throttles the generators to a few groups a step once most are all-correct."""
+    if free <= 0:
+        return free
+    kept = sum(1 for r in recent if r[2])
+    return free * (len(recent) + 1) // (kept + 1)
+
+
+def shuffle_due(ready: deque, oldest: dict, min_version: int, need: int, step: int) -> None:
+    """When more ready groups are due at this step (oldest token ``min_version``: stale at the
+    next) than the step takes, put them in a random order (seeded by ``step``: a replay
+    assembles the same): the surplus dropped is then any of them, not the last to arrive —
+    the longest responses (``outstanding_allowed`` lets admission overshoot by chance)."""
+    head = 0
+    while head < len(ready) and oldest[ready[head]] <= min_version:
+        head += 1
+    if sum(oldest[ready[i]] == min_version for i in range(head)) <= need:
+        return
+    due = [ready.popleft() for _ in range(head)]
+    random.Random(step).shuffle(due)
+    ready.extendleft(reversed(due))
 
 
 def holds_step(leases, step: int, generators: dict, on_probation: dict, now: float) -> bool:

@@ -107,7 +107,9 @@ class BufferService:
         s = self.state
         if name == "hello":
             s.hello(args)
-        elif name == "grant":
+        elif name == "lease":  # the count granted
+            s.grant(args[0], args[1], weights_version=args[2], replay=True)
+        elif name == "grant":  # logs written before "lease": the count asked for
             s.grant(args[0], args[1], weights_version=args[2] if len(args) > 2 else 0)
         elif name == "expire":
             s.expire_ids(args)
@@ -159,7 +161,7 @@ class BufferService:
             return protocol.LeaseGrant([], [], [], [], s.version, wait_s=RETRY_WAIT_S)
         leases = s.grant(msg.generator_id, msg.num_prompts, weights_version=msg.version)
         if leases:
-            self._log("grant", [msg.generator_id, msg.num_prompts, msg.version])
+            self._log("lease", [msg.generator_id, len(leases), msg.version])
         recs = [self.records[ls.prompt_index] for ls in leases]
         return protocol.LeaseGrant(
             prompt_ids=[ls.lease_id for ls in leases],
@@ -194,8 +196,8 @@ class BufferService:
 
     def _ingest(self, group: protocol.Group) -> str:
         """Semantic checks (``buffer/checks.py``), then the state machine's ingest."""
-        index = self.state.leased_prompt_index(group.prompt_id)
-        leased = None if index is None else self.prompt_tokens[index]
+        lease = self.state.leases.get(group.prompt_id)
+        leased = None if lease is None else self.prompt_tokens[lease.prompt_index]
         reason = semantic_error(group, self.limits, leased)
         if reason:
             log.warning("group %s rejected: %s", group.group_id, reason)

@@ -1,5 +1,4 @@
 """The replay buffer's state machine: leases, admission, ingest, filters, staleness, batches.
-
 Pure logic (no sockets, no torch), driven by ``service.py`` and tested directly.
 
 Life of a prompt and its group:
@@ -19,8 +18,9 @@ Life of a prompt and its group:
 Admission and pacing (invariant 2, argued in docs/architecture.md): a lease gets a deadline
 d = (its generator's weights version, clamped to [v − max_staleness, v]) + max_staleness, v = the
 learner's version (highest step requested); it is granted only while ``qualified_total +
-outstanding + 1 ≤ (d + 1) × groups_per_step``. Assembly of step s waits while a lease due at s
-is outstanding (pacing), then takes ready groups oldest token first (a slow group is trained in
+⌈q × outstanding⌉ + 1 ≤ (d + 1) × groups_per_step``, q the recent share of groups that qualify
+(``buffer.admit_expected``; else 1). Assembly of step s waits while a lease due at s is
+outstanding (pacing), then takes ready groups oldest token first (a slow group is trained in
 time, not dropped); consumption re-checks the bound. Dropped groups go to ``on_drop``.
 """
 
@@ -41,6 +41,8 @@ from dapo_async.buffer.records import (
     balance_shards,
     holds_step,
     late_leases,
+    outstanding_allowed,
+    shuffle_due,
 )
 from dapo_async.config import BufferConfig
 from dapo_async.data.cursor import PromptCursor, make_cursor
@@ -70,32 +72,25 @@ class BufferState:
         self.leases: dict[int, Lease] = {}
         self.generators: dict[str, float] = {}  # id -> last seen
         self.groups: dict[GroupId, Group] = {}  # stored: qualified, not yet freed
-        # qualified, not assigned; kept in order of each group's oldest token version (then
-        # arrival), which ``oldest`` holds, computed once at ingest: assembly pops from the left
+        # qualified, unassigned; by oldest token version (``oldest``), then arrival
         self.ready: deque[GroupId] = deque()
         self.oldest: dict[GroupId, int] = {}
         self.steps: OrderedDict[int, StepBatch] = OrderedDict()
         self.counted_steps: set[int] = set()  # steps whose groups count as trained
         self.rank_steps: dict[int, int] = {}  # learner rank -> last step it asked for
         self.checkpointed_step = -1
-        # step -> when its assembly first had to wait (the watchdog's clock; not persisted: a
-        # restarted buffer starts counting again)
-        self.waiting_since: dict[int, float] = {}
-        # generator -> when the watchdog or a deadline took its leases back, or it sent a group
-        # refused on its own lease: until it stores a group it holds one lease at a time and
-        # pacing waits for none (a hoarder or a poisoner stalls the run once, not every step)
+        self.waiting_since: dict[int, float] = {}  # step -> first wait (watchdog; not saved)
+        # generator -> when its leases were taken back or it sent a group refused on its own
+        # lease: one lease at a time, unpaced, until it stores a group (stalls the run once)
         self.on_probation: dict[str, float] = {}
-        # spare generators (Hello.spare) run while the learner waits: pacing waits for none
-        self.spares: set[str] = set()
+        self.spares: set[str] = set()  # Hello.spare: decode while the learner waits; unpaced
         self.seen: OrderedDict[GroupId, None] = OrderedDict()
         self.counters = Counters()
         self.staleness_hist: Counter = Counter()  # per-token staleness at assembly
-        # response lengths of the groups that passed the filters, and of those assigned to a
-        # step: equal distributions unless something favours fast (short) responses
+        # response lengths qualified and trained: equal unless fast (short) ones are favoured
         self.len_hist = {"qualified": Counter(), "trained": Counter()}
-        # (correct responses, responses) of the last groups_per_step groups received, before
-        # the dynamic-sampling filter: the honest accuracy of what the policy samples now
-        self.recent_sampled: deque[tuple[float, int]] = deque(maxlen=max(1, cfg.groups_per_step))
+        # (correct, responses, qualified) of the last groups received: sampled accuracy, q
+        self.recent_sampled: deque[tuple] = deque(maxlen=max(1, cfg.groups_per_step))
 
     def oldest_allowed_version(self) -> int:
         """The oldest policy version whose tokens may still be trained at the next step
@@ -112,28 +107,40 @@ class BufferState:
     def admissible(self, deadline: int | None = None) -> int:
         """How many more prompts may be leased now whose groups must be trained by step
         ``deadline`` (default: a generator holding the learner's version): every group counted
-        so far, plus these, must fit into the steps up to it (admission rule), and memory."""
+        so far, plus these, must fit into the steps up to it (admission rule), and memory. An
+        outstanding lease counts as the recent share of groups that qualified
+        (``buffer.admit_expected``): dynamic sampling drops the rest."""
         # qualified groups dropped later (stale at assembly, rolled back on resume) no longer
         # count: otherwise a run whose generator lagged one version would starve forever
         d = self.counters.dropped
         usable = self.counters.qualified - d.get("stale", 0) - d.get("rolled_back", 0)
         last = self.deadline(self.version) if deadline is None else deadline
-        by_staleness = (last + 1) * self.cfg.groups_per_step - usable - len(self.leases)
+        free = (last + 1) * self.cfg.groups_per_step - usable
+        allowed = (
+            outstanding_allowed(free, self.recent_sampled) if self.cfg.admit_expected else free
+        )
+        by_staleness = allowed - len(self.leases)
         by_memory = self.cfg.max_buffered_groups - len(self.groups) - len(self.leases)
         return max(0, min(by_staleness, by_memory))
 
     def grant(
-        self, generator_id: str, num: int, now: float | None = None, weights_version: int = 0
+        self,
+        generator_id: str,
+        num: int,
+        now: float | None = None,
+        weights_version: int = 0,
+        replay: bool = False,
     ) -> list[Lease]:
+        """Up to ``num`` leases, within the generator's cap (no hoarding) and admission;
+        ``replay``: exactly ``num`` (the log holds the count granted)."""
         now = time.monotonic() if now is None else now
         self.generators[generator_id] = now
         deadline = self.deadline(weights_version)
         cap = 1 if generator_id in self.on_probation else self.cfg.max_leases_per_generator
-        if cap:  # one generator cannot hoard the prompts the others need
-            held = sum(ls.generator_id == generator_id for ls in self.leases.values())
-            num = min(num, max(0, cap - held))
+        held = sum(ls.generator_id == generator_id for ls in self.leases.values())
+        room = num if replay else min(num, cap - held if cap else num, self.admissible(deadline))
         out = []
-        for _ in range(min(num, self.admissible(deadline))):
+        for _ in range(room):
             lease = Lease(self.next_lease_id, self.cursor.next(), generator_id, now, deadline)
             self.next_lease_id += 1
             self.leases[lease.lease_id] = lease
@@ -183,17 +190,18 @@ class BufferState:
         self.on_probation.pop(group.generator_id, None)
         self._remember(gid)
         self.counters.count_received(group.response_lens)
-        self.recent_sampled.append((float(np.sum(group.acc)), group.num_responses))
         self.generators[group.generator_id] = time.monotonic()
         metric = group.acc if self.cfg.filter_metric == "acc" else group.rewards
+        keep = True
         if self.cfg.dynamic_sampling:
             lo, hi, sizes = self.cfg.min_group_acc, self.cfg.max_group_acc, [group.num_responses]
-            keep = dynamic_sampling_keep(metric, np.array(sizes), group.acc, lo, hi)[0]
-            if not keep:
-                self.counters.dropped["filtered"] += 1
-                self.counters.tokens_filtered += int(group.response_lens.sum())
-                self.on_drop(group, "filtered")
-                return "stored"
+            keep = bool(dynamic_sampling_keep(metric, np.array(sizes), group.acc, lo, hi)[0])
+        self.recent_sampled.append((float(np.sum(group.acc)), group.num_responses, keep))
+        if not keep:
+            self.counters.dropped["filtered"] += 1
+            self.counters.tokens_filtered += int(group.response_lens.sum())
+            self.on_drop(group, "filtered")
+            return "stored"
         self.groups[gid] = group
         self._enqueue(gid, self._oldest_version(gid))
         self.counters.qualified += 1
@@ -201,11 +209,9 @@ class BufferState:
         return "stored"
 
     def reject(self, group: Group, reason: str) -> str:
-        """Refuse a group for ``reason`` (the semantic checks): nothing is stored, and the
-        prompt of the lease it names is leased again — only when that lease is its sender's.
-        Its id is not remembered (only stored groups are): a refused id, sent by a buggy or
-        hostile peer under another generator's name, cannot make that generator's real group
-        a duplicate."""
+        """Refuse a group for ``reason`` (semantic checks): nothing stored; its lease's prompt is
+        leased again if that lease is its sender's. Its id is not remembered: a refused id sent
+        under another generator's name cannot make that one's real group a duplicate."""
         status = self._sender_status(group)
         if status:
             return status
@@ -232,10 +238,6 @@ class BufferState:
             self.counters.rejected["duplicate"] += 1
             return "duplicate"
         return ""
-
-    def leased_prompt_index(self, lease_id: int) -> int | None:
-        lease = self.leases.get(lease_id)
-        return None if lease is None else lease.prompt_index
 
     def _enqueue(self, gid: GroupId, oldest: int) -> None:
         """Insert into ``ready`` after every group no newer than it (groups mostly arrive in
@@ -333,7 +335,9 @@ class BufferState:
             self.waiting_since.setdefault(step, now)
             return None
         min_version = step - self.cfg.max_staleness
-        # oldest first (earliest deadline), then arrival: a slow group is not overtaken
+        # oldest first (earliest deadline), then arrival: a slow group is not overtaken; more
+        # due now than fit are chosen at random (a surplus admission let in: see records)
+        shuffle_due(self.ready, self.oldest, min_version, need, step)
         picked: list[tuple[GroupId, int]] = []
         while self.ready and len(picked) < need:
             gid = self.ready.popleft()
@@ -380,10 +384,10 @@ class BufferState:
             for g in self.steps.pop(s).group_ids:
                 self.groups.pop(g, None)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict:  # JSON; the groups travel beside it (wal.py)
         return snapshot.dump(self)
 
-    def restore(self, snap: dict, groups: list[Group]) -> None:
+    def restore(self, snap: dict, groups: list[Group]) -> None:  # a snapshot and its groups
         snapshot.load(self, snap, groups)
 
     def expire_ids(self, lease_ids: list[int]) -> None:

@@ -137,6 +137,12 @@ class BufferConfig:
     max_buffered_groups: int = F(
         4096, "Memory bound: generators are told to wait beyond this.", ge=1
     )
+    admit_expected: bool = F(
+        True,
+        "Admission counts an outstanding lease as the share of the last groups_per_step groups "
+        "that passed dynamic sampling, not as one: with most groups all-correct, counting each "
+        "as one lets the generators start a few groups a step and the learner waits.",
+    )
     wal: bool = F(
         True,
         "Keep a write-ahead log of accepted, not yet trained groups (a killed buffer restarts "

@@ -108,6 +108,7 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     # every generated token is counted; dynamic sampling is off here, so none was dropped
     final = json.loads((tmp_path / "stream" / "buffer_final.json").read_text())["counters"]
     assert final["tokens_produced"] > 0 and r["filtered_token_share_stream"] == 0.0
+    assert r["stale_share_stream"] == final["dropped"].get("stale", 0) / final["qualified"]
     assert 0 <= r["phase1_learner_idle_stream"] <= 1  # the window by parts
     assert r["phase1_produced_per_qualified_stream"] >= 1
     assert r["response_len"]["max"] > r["response_len"]["min"]
@@ -134,7 +135,8 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
             return {"samples_per_s": rate, "learner_idle": 0.1, "staleness_mean": 0.5,
                     "learner_lent_s": 0.0, "generator_borrowed_s": 0.0,
                     "learner_core_idle": 0.1, "spare_cpu_s": 0.0,
-                    "filtered_token_share": 0.25, "phase1_learner_idle": 0.0,
+                    "filtered_token_share": 0.25, "stale_share": 0.02,
+                    "phase1_learner_idle": 0.0,
                     "phase1_produced_per_qualified": 1.5, "phase2_learner_idle": 0.2,
                     "phase2_produced_per_qualified": 4.0}  # fmt: skip
 
@@ -153,6 +155,7 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
     assert "with tracking.samples_per_step=0: 20.0 samples/s" in ab.default_summary(out)
     assert out["async_filtered_token_share"] == 0.25
     assert "dropped by dynamic sampling 0.25" in ab.default_summary(out)
+    assert out["async_stale_share"] == 0.02 and "dropped stale 0.020" in ab.default_summary(out)
     assert out["async_phase2_produced_per_qualified"] == 4.0
     assert "thirds of the run: learner idle 0.00/0.20, groups made per qualified 1.5/4.0" in (
         ab.default_summary(out)
