@@ -107,19 +107,16 @@ class BufferState:
     def admissible(self, deadline: int | None = None) -> int:
         """How many more prompts may be leased now whose groups must be trained by step
         ``deadline`` (default: a generator holding the learner's version): every group counted
-        so far, plus these, must fit into the steps up to it (admission rule), and memory. An
-        outstanding lease counts as the recent share of groups that qualified
-        (``buffer.admit_expected``): dynamic sampling drops the rest."""
+        so far, plus these, must fit into the steps up to it (admission rule), and memory."""
         # qualified groups dropped later (stale at assembly, rolled back on resume) no longer
         # count: otherwise a run whose generator lagged one version would starve forever
         d = self.counters.dropped
         usable = self.counters.qualified - d.get("stale", 0) - d.get("rolled_back", 0)
         last = self.deadline(self.version) if deadline is None else deadline
         free = (last + 1) * self.cfg.groups_per_step - usable
-        allowed = (
-            outstanding_allowed(free, self.recent_sampled) if self.cfg.admit_expected else free
-        )
-        by_staleness = allowed - len(self.leases)
+        if self.cfg.admit_expected:  # a lease counts as the recent share of groups qualified
+            free = outstanding_allowed(free, self.recent_sampled)
+        by_staleness = free - len(self.leases)
         by_memory = self.cfg.max_buffered_groups - len(self.groups) - len(self.leases)
         return max(0, min(by_staleness, by_memory))
 
