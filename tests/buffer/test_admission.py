@@ -140,3 +140,19 @@ def test_a_replayed_log_grants_what_was_granted(tmp_path):
     again = _service(wal)
     assert again.state.snapshot() == snap
     assert sorted(again.state.leases) == sorted(granted)
+
+
+def test_a_log_written_before_lease_events_still_replays(tmp_path):
+    """Logs written before "lease" events hold "grant" events with the count asked for: they
+    replay through admission, as they were granted."""
+    wal = tmp_path / "buffer.wal"
+    svc = _service(wal)
+    svc.handle(protocol.Hello("g", 1, "hf"))
+    granted = svc.state.grant("g", 3, weights_version=0)  # what an older buffer did and logged
+    svc.wal.event("grant", ["g", 3, 0])
+    svc.wal.flush()
+    snap = svc.state.snapshot()
+    svc.close()
+    again = _service(wal)
+    assert again.state.snapshot() == snap
+    assert sorted(again.state.leases) == sorted(ls.lease_id for ls in granted)
