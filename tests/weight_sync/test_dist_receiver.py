@@ -85,10 +85,9 @@ def test_a_round_the_sender_abandoned_ends_at_the_next_epoch_not_the_timeout():
         asked.append(time.monotonic())
         return len(asked) >= 2  # the sender announces a newer epoch after the first ask
 
-    t0 = time.monotonic()
-    with pytest.raises(CollectiveAbandoned):
+    with pytest.raises(CollectiveAbandoned):  # not CollectiveTimeout: left before the 60 s
         wait_all([Stuck()], 60.0, abandoned=abandoned)
-    assert len(asked) == 2 and time.monotonic() - t0 < 30  # not the 60 s timeout
+    assert len(asked) == 2
     assert asked[1] - asked[0] >= ABANDON_POLL_S * 0.9  # asked at most every ABANDON_POLL_S
 
 
@@ -109,9 +108,8 @@ def test_the_senders_formation_is_bounded_and_a_late_group_is_closed():
         release.wait(30)
         return "late"
 
-    t0 = time.monotonic()
-    with pytest.raises(CollectiveTimeout):
+    with pytest.raises(CollectiveTimeout):  # gave up at the bound: slow() still waits
         form_within(slow, 0.3, discarded.append)
-    assert time.monotonic() - t0 < 10
+    assert discarded == []
     release.set()
     _wait(lambda: discarded == ["late"])
