@@ -36,8 +36,9 @@ generator's every decode step (a slower CPU's generator). Per mode, ``learner_le
 waited (``launch.share_cores``); with ``launch.spare_generators``, ``spare_cpu_s`` is the CPU
 time the spares used (only while the learner waited) and ``learner_core_idle`` the share of the
 window the learner waited and no spare used its core (``bench.common.window_core_idle``).
-A run whose policy collapsed (the learner's ``sampled_drop`` alert) is named under ``warnings``
-and on stderr: its samples/s measures dynamic sampling refilling, not the overlap.
+``machine`` names the CPU, its cores and caches (``bench.common.machine``). A run whose policy
+collapsed (the learner's ``sampled_drop`` alert) is named under ``warnings`` and on stderr: its
+samples/s measures dynamic sampling refilling, not the overlap.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from dapo_async.bench.common import (
     collapsed_steps,
     heldout_accuracy,
     learner_window,
+    machine,
     print_result,
     run_train,
     window_core_idle,
@@ -348,7 +350,8 @@ def main(args: argparse.Namespace) -> int:
                 f"[bench async] round {i + 1}/{args.rounds}: {summary(rounds[-1])}", file=sys.stderr
             )
     out = median_of_rounds(rounds)
+    out["machine"] = machine()
     for warning in out["warnings"]:
         print(f"[bench async] warning: {warning}", file=sys.stderr)
     word = f"median of {args.rounds} rounds: " if args.rounds > 1 else ""
-    return print_result(word + summary(out), out, args.json)
+    return print_result(f"{word}{summary(out)} — on {out['machine']}", out, args.json)

@@ -6,11 +6,34 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from dapo_async.tracking import read_jsonl, read_metrics
+
+# Where Linux describes the first core's caches (level, type, size per index*/ folder).
+CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def machine(cache_dir: Path = CPU_CACHE_DIR) -> str:
+    """This machine in words for a bench's figures: the CPU's model name, its cores and its
+    data caches, e.g. "AMD EPYC, 2 cores, L1d 48K, L2 1024K, L3 32768K" (two machines of one
+    model name, such as "AMD EPYC", can differ twofold in speed; their caches tell them apart)."""
+    from dapo_async.tiny.build import cpu_model
+
+    caches = []
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            level, kind, size = (
+                (index / name).read_text().strip() for name in ("level", "type", "size")
+            )
+        except OSError:
+            continue
+        if kind in ("Data", "Unified"):
+            caches.append(f"L{level}{'d' if kind == 'Data' else ''} {size}")
+    return ", ".join([cpu_model(), f"{os.cpu_count()} cores", *caches])
 
 
 def run_train(config: str, overrides: list[str], run_dir: Path, tag: str = "bench async") -> None:

@@ -7,6 +7,7 @@ import pytest
 from testutil import run_cli
 
 from dapo_async.bench.async_bench import collapse_warnings, median_of_rounds, steady_state
+from dapo_async.tiny.build import cpu_model
 
 
 def _write_steps(d, steps):
@@ -105,6 +106,7 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     for mode in ("batch", "stream"):
         assert 0 <= r[f"ks_len_{mode}"] <= 1 and 0 <= r[f"ks_p_{mode}"] <= 1
     assert r["speedup_stream_vs_batch"] > 0
+    assert r["machine"].startswith(cpu_model()) and " cores" in r["machine"]  # figures name it
     # every generated token is counted; dynamic sampling is off here, so none was dropped
     final = json.loads((tmp_path / "stream" / "buffer_final.json").read_text())["counters"]
     assert final["tokens_produced"] > 0 and r["filtered_token_share_stream"] == 0.0

@@ -7,6 +7,7 @@ import pytest
 
 from dapo_async.bench.common import (
     collapsed_steps,
+    machine,
     spare_cpu_s,
     window_core_idle,
     window_phases,
@@ -77,3 +78,18 @@ def test_phases_split_the_window_into_thirds_with_their_idle_and_groups_made_per
         only["learner_idle"] == pytest.approx(0.2)
         and only["produced_per_qualified"] != only["produced_per_qualified"]
     )
+
+
+def test_machine_names_the_cpu_its_cores_and_its_data_caches(tmp_path):
+    from dapo_async.tiny.build import cpu_model
+
+    caches = {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
+              "index2": ("2", "Unified", "1024K"), "index3": ("3", "Unified", "32768K")}  # fmt: skip
+    for index, values in caches.items():
+        (tmp_path / index).mkdir()
+        for name, value in zip(("level", "type", "size"), values):
+            (tmp_path / index / name).write_text(value + "\n")
+    (tmp_path / "index4").mkdir()  # unreadable (no files): left out
+    text = machine(tmp_path)
+    assert text.startswith(cpu_model() + ", ") and text.endswith(", L1d 48K, L2 1024K, L3 32768K")
+    assert " cores" in machine(tmp_path / "missing")  # no cache folder: model and cores only
