@@ -100,11 +100,12 @@ def test_insider_with_the_generator_key_neither_stalls_nor_poisons_the_run(
     import json
 
     run = tmp_path / "run"
-    # max_staleness=4: room in admission beside the real generator, whose in-flight target
-    # would otherwise take every lease a tiny run admits (the insider would get none to abuse)
+    # max_staleness=12: room in admission beside the real generator, which would otherwise
+    # fill every lease a tiny run admits with groups made ahead (the insider would get none to
+    # abuse; at 4, a fast CPU's generator did: 10 grants, all empty)
     proc = start_run(
         repo, cli_env, tiny_model, run, f"learner.num_steps={NUM_STEPS}",
-        "buffer.lease_deadline_s=20", "buffer.stall_reissue_s=10", "buffer.max_staleness=4",
+        "buffer.lease_deadline_s=20", "buffer.stall_reissue_s=10", "buffer.max_staleness=12",
     )  # fmt: skip
     insider = Insider(run)
     try:
