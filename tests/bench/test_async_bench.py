@@ -92,6 +92,9 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
         repo, cli_env, "bench", "async", f"model.path={tiny_model}",
         "buffer.groups_per_step=4", "generator.prompts_per_batch=4", "data.num_eval=16",
         "buffer.dynamic_sampling=false", "launch.share_cores=true", "launch.spare_generators=0",
+        # lend on any wait: whether the sync learner's idle crosses the default 0.5 depends on
+        # the CPU (0.67 on one EPYC; a CI machine never lent) and this test checks the wiring
+        "launch.lend_idle_above=0",
         "--workload", "longtail",
         "--steps", "4",
         "--staleness", "1", "--rounds", "1", "--decode-delay-ms", "1", "--out", tmp_path,
