@@ -5,7 +5,8 @@
               ◄── ack / lease_grant / batch ─────────────────────────────┘
 
 Each loop iteration: poll (POLL_MS) → handle every queued message (bad ones are counted by
-reason and dropped) → flush the write-ahead log → send the replies (so an ack never precedes
+reason and dropped; a batch request for a step not ready yet is held, ``held.py``) → retry the
+held batch requests → flush the write-ahead log → send the replies (so an ack never precedes
 the durable record) → every STATS_EVERY_S: expire silent generators' leases, publish stats.
 """
 
@@ -22,6 +23,7 @@ import zmq
 from dapo_async import protocol, transport
 from dapo_async.buffer import wal
 from dapo_async.buffer.checks import GroupLimits, forbidden, semantic_error
+from dapo_async.buffer.held import HeldBatchRequests
 from dapo_async.buffer.identity import Identities
 from dapo_async.buffer.state import BufferState
 from dapo_async.config import BufferConfig
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 POLL_MS = 50
 STATS_EVERY_S = 2.0
-# Ask an unlucky requester (no lease / batch not ready) to come back after this long.
+# Ask an unlucky requester (no lease; a batch not ready, from ``handle``) to come back after this long.
 RETRY_WAIT_S = 0.05
 # Handle at most this many messages before flushing and replying (bounded reply latency).
 MAX_MESSAGES_PER_ITERATION = 256
@@ -73,6 +75,7 @@ class BufferService:
         self.on_drop = on_drop or (lambda group, reason: None)
         self.state.on_drop = self.on_drop
         self._last_stats = time.monotonic()
+        self.held = HeldBatchRequests(self._serve_batch)
 
     # ------------------------------------------------------------------ durability
 
@@ -208,22 +211,28 @@ class BufferService:
         return self.state.ingest(group)
 
     def _on_batch_request(self, msg: protocol.BatchRequest) -> protocol.Message:
+        return self._serve_batch(msg)[0]
+
+    def _serve_batch(self, msg: protocol.BatchRequest) -> tuple[protocol.Batch, bool]:
+        """The reply, and whether it is final (False: the step is not ready yet)."""
         try:
             res = self.state.batch(msg.step, msg.rank, msg.world_size)
         except ValueError as e:
             log.warning("bad batch request %s: %s", msg, e)
             self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
-            return protocol.Batch(msg.step, msg.rank, False, wait_s=1.0)
+            return protocol.Batch(msg.step, msg.rank, False, wait_s=1.0), True
         self._log("batch", [msg.step, msg.rank, msg.world_size])
         if res is None:
             # counters ride along so a starving learner can say why it waits
-            return protocol.Batch(
+            reply = protocol.Batch(
                 msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats()
             )
+            return reply, False
         batch, tokens, num_groups = res
-        return protocol.Batch(
+        reply = protocol.Batch(
             msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch
         )
+        return reply, True
 
     def _on_checkpoint(self, msg: protocol.CheckpointNotice) -> protocol.Message | None:
         try:
@@ -255,11 +264,24 @@ class BufferService:
     def run_once(self) -> int:
         """Handle the messages queued now; returns how many were handled."""
         sock = self.server.socket
-        if not sock.poll(POLL_MS):
-            self._periodic()
-            return 0
         replies: list[tuple[bytes, protocol.Message]] = []
-        n = 0
+        n, changed = self._receive(sock, replies) if sock.poll(POLL_MS) else (0, False)
+        replies += self.held.retry(changed)
+        if self.wal is not None and (n or replies):
+            self.wal.flush()
+            self.maybe_compact()
+        for ident, reply in replies:
+            try:
+                transport.send_routed(sock, ident, reply)
+            except zmq.ZMQError as e:  # peer gone: it will resend
+                log.debug("reply to a departed peer dropped: %s", e)
+        self._periodic()
+        return n
+
+    def _receive(self, sock, replies: list) -> tuple[int, bool]:
+        """Handle up to MAX_MESSAGES_PER_ITERATION queued messages, their replies appended to
+        ``replies``; returns how many, and whether one may have made a held step ready."""
+        n, changed = 0, False
         authenticated = self.server.roles is not None
         while n < MAX_MESSAGES_PER_ITERATION and sock.poll(0):
             ident, user, msg = transport.recv_routed_user(
@@ -284,19 +306,14 @@ class BufferService:
                                 "speaks for", msg.KIND)  # fmt: skip
                 self.malformed["impersonation"] = self.malformed.get("impersonation", 0) + 1
                 continue
-            reply = self.handle(msg)
+            if isinstance(msg, protocol.BatchRequest):
+                reply = self.held.submit(ident, msg)  # None: held until its step is ready
+            else:
+                reply = self.handle(msg)
+                changed |= isinstance(msg, (protocol.ScoredGroups, protocol.CheckpointNotice))
             if reply is not None:
                 replies.append((ident, reply))
-        if self.wal is not None:
-            self.wal.flush()
-            self.maybe_compact()
-        for ident, reply in replies:
-            try:
-                transport.send_routed(sock, ident, reply)
-            except zmq.ZMQError as e:  # peer gone: it will resend
-                log.debug("reply to a departed peer dropped: %s", e)
-        self._periodic()
-        return n
+        return n, changed
 
     def _periodic(self) -> None:
         now = time.monotonic()

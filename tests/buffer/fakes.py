@@ -14,6 +14,27 @@ from dapo_async import transport as T
 NAMES = ["correct", "overlong"]
 
 
+def make_group(gen_id, seq, lease_id, prompt, version, correct) -> P.Group:
+    """A group on a leased ``prompt``: one 3-token response per entry of ``correct``."""
+    g = len(correct)
+    acc = np.array(correct, np.float32)
+    t = 3 * g
+    return P.Group(
+        gen_id,
+        seq,
+        lease_id,
+        np.array(prompt, np.int32),  # the leased prompt (the buffer checks)
+        np.full(g, 3, np.int32),
+        np.arange(t, dtype=np.int32),
+        np.full(t, -0.3, np.float32),
+        np.full(t, version, np.int32),
+        np.where(acc > 0, 1.0, -1.0).astype(np.float32),
+        acc,
+        np.zeros((g, 2), np.float32),
+        np.zeros(g, np.uint8),
+    )
+
+
 def fake_generator(endpoint, gen_id, out_path, stop_path, seed, keys_dir=None):
     """Lease, make groups with random accuracy, send, resend until acked; log what was acked."""
     rng = random.Random(seed)
@@ -53,25 +74,8 @@ def fake_generator(endpoint, gen_id, out_path, stop_path, seed, keys_dir=None):
         version = grant.version
         groups = []
         for lease_id, prompt in zip(grant.prompt_ids, grant.prompts):
-            g = 4
-            acc = np.array([rng.random() < 0.5 for _ in range(g)], np.float32)
-            t = 3 * g
-            groups.append(
-                P.Group(
-                    gen_id,
-                    seq,
-                    lease_id,
-                    np.array(prompt, np.int32),  # the leased prompt (the buffer checks)
-                    np.full(g, 3, np.int32),
-                    np.arange(t, dtype=np.int32),
-                    np.full(t, -0.3, np.float32),
-                    np.full(t, version, np.int32),
-                    np.where(acc > 0, 1.0, -1.0).astype(np.float32),
-                    acc,
-                    np.zeros((g, 2), np.float32),
-                    np.zeros(g, np.uint8),
-                )
-            )
+            acc = [rng.random() < 0.5 for _ in range(4)]
+            groups.append(make_group(gen_id, seq, lease_id, prompt, version, acc))
             outbox[(gen_id, seq)] = groups[-1]
             seq += 1
         T.send(sock, P.ScoredGroups(batch=P.GroupBatch.from_groups(groups, NAMES)))

@@ -441,3 +441,45 @@ def test_a_second_connection_cannot_act_for_a_live_generator(
     final = json.loads((run / "buffer_final.json").read_text())
     assert final["counters"]["produced"] == 1 and final["counters"]["leased"] == 1
     assert final["malformed"]["impersonation"] == 2
+
+
+def test_a_batch_request_is_held_until_its_step_is_ready(tmp_path, tokenizer_dir, repo, cli_env):
+    """Long polling (buffer/held.py): a learner that asks for a step before its groups are in
+    gets no "not ready" answer; its batch comes, without asking again, with the groups that
+    complete the step; a step that stays empty is answered "not ready, ask again at once" once
+    the request was held HOLD_S."""
+    from fakes import NAMES, make_group
+
+    from dapo_async.buffer.held import HOLD_S
+
+    cfg_path, run = write_config(tmp_path, tokenizer_dir)
+    buf = start_buffer(cfg_path, repo, cli_env)
+    keys = run / "keys"
+    ctx = zmq.Context()
+    try:
+        endpoint = wait_endpoint(run, buf)
+        gen = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="generator")
+        learner = T.connect_client(ctx, zmq.DEALER, endpoint, keys_dir=keys, role="learner")
+        assert isinstance(T.request(gen, P.Hello("g", 0, "fake"), timeout_s=10), P.Ack)
+        grant = T.request(gen, P.LeaseRequest("g", 4), timeout_s=10)
+        assert len(grant.prompt_ids) == 4  # a step's worth (groups_per_step 4)
+        T.send(learner, P.BatchRequest(0, 1, 0))
+        with pytest.raises(T.RecvTimeout):  # held, not answered "not ready"
+            T.recv(learner, timeout_s=HOLD_S / 2)
+        leased = zip(grant.prompt_ids, grant.prompts)
+        groups = [make_group("g", i, lid, p, 0, [1, 0, 1, 0]) for i, (lid, p) in enumerate(leased)]
+        ack = T.request(gen, P.ScoredGroups(P.GroupBatch.from_groups(groups, NAMES)), timeout_s=10)
+        assert ack.statuses == ["stored"] * 4
+        reply = T.recv(learner, timeout_s=10)  # the held request's answer
+        assert isinstance(reply, P.Batch) and reply.ready and reply.step == 0
+        assert len(reply.batch) == 4
+        t0 = time.monotonic()
+        T.send(learner, P.BatchRequest(0, 1, 1))  # nothing for step 1
+        reply = T.recv(learner, timeout_s=10)
+        assert isinstance(reply, P.Batch) and not reply.ready and reply.step == 1
+        assert reply.wait_s == 0.0 and time.monotonic() - t0 >= HOLD_S
+        for s in (gen, learner):
+            s.close(linger=0)
+    finally:
+        ctx.term()
+        stop_buffer(buf)
