@@ -5,7 +5,8 @@ from scratch in its own cache dir (``<cache-root>/tiny-seed<S>``, with ``model.t
 weights and warm-start data), then runs the main job once per RL seed (``--rl-seeds``, default
 0,1: sampling, prompt order, held-out sample). One JSON line: per-run held-out greedy accuracy
 before and after, ``gain_min``, ``gain_mean``, ``before_mean``, ``after_mean``, the warm start's
-steps per init seed, ``cpu_model`` (from /proc/cpuinfo) and ``minutes`` (the whole bench).
+steps per init seed, ``cpu_model`` (from /proc/cpuinfo), ``machine`` (model name, cores and
+data caches: ``bench.common.machine``) and ``minutes`` (the whole bench).
 
 ``--task tiny:calc`` runs the multi-turn calculator job (configs/tiny_calc.yaml, policies in
 ``<cache-root>/tiny-calc-seed<S>``) and adds the share of held-out episodes that call the tool,
@@ -25,7 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from dapo_async.bench.common import heldout_accuracy, parse_seeds, print_result, run_train
+from dapo_async.bench.common import (
+    heldout_accuracy,
+    machine,
+    parse_seeds,
+    print_result,
+    run_train,
+)
 from dapo_async.tiny.build import META_NAME, cpu_model
 
 
@@ -112,12 +119,13 @@ def main(args: argparse.Namespace) -> int:
         **tool_means(runs),
         "warm_start_steps": warm_start_steps,
         "cpu_model": cpu_model(),
+        "machine": machine(),  # model name, cores and caches: two "AMD EPYC"s differ twofold
         "minutes": round((time.monotonic() - t0) / 60, 2),
         "config": config,
         "run_root": str(root),
     }
     return print_result(
-        f"[bench learn] {len(runs)} runs on {out['cpu_model']}: held-out "
+        f"[bench learn] {len(runs)} runs on {out['machine']}: held-out "
         f"{out['before_mean']:.3f} → {out['after_mean']:.3f} on average; gain min "
         f"{out['gain_min']:+.3f}, mean {out['gain_mean']:+.3f} ({out['minutes']:.1f} min)",
         out,
