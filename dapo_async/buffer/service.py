@@ -174,6 +174,7 @@ class BufferService:
             version=s.version,
             wait_s=0.0 if leases else RETRY_WAIT_S,
             min_version=s.oldest_allowed_version(),
+            max_staleness=s.cfg.max_staleness,
             extra_infos=[json.dumps(r.extra, default=str) for r in recs],
         )
 

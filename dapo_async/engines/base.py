@@ -76,6 +76,11 @@ class Stream(Protocol):
         """Decode one chunk; the requests whose ``n`` responses all finished, with them."""
         ...
 
+    def abort(self, request_id: str) -> None:
+        """Between ``step`` calls: drop a request in flight (none of its responses comes back;
+        its id may be added again). An id not in flight is ignored."""
+        ...
+
 
 class Engine(Protocol):
     """What the generator, evaluation and weight sync ask of an inference backend."""

@@ -9,6 +9,7 @@ weights are taken between chunks of ``chunk_tokens`` decode steps.
              step of ``hf_decode.py`` for Llama-shaped models, else transformers' forward)
              finished sequences leave the batch (their cache rows are dropped);
              a request whose n sequences are all finished is returned
+    abort(id) ─► its rows leave the batch between steps (cache rows dropped), nothing returned
 
 Every token carries the version of the weights whose logits it was sampled from, so one
 response may span several versions (an update between chunks). With ``reset_kv`` the cache is
@@ -135,6 +136,19 @@ class HFStream:
         ]
         self.requests[request_id] = seqs
         self.pending.extend(seqs)
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request in flight (its rows leave the batch now, nothing comes back for
+        it); between ``step`` calls. Unknown ids are ignored (it may have just finished)."""
+        seqs = self.requests.pop(request_id, None)
+        if not seqs:
+            return
+        gone = {id(s) for s in seqs}
+        self.pending = [s for s in self.pending if id(s) not in gone]
+        for s in seqs:
+            s.finish = s.finish or "abort"
+        if self.active:
+            self._drop_finished(None)
 
     # ------------------------------------------------------------------ cache
 

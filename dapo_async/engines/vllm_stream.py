@@ -57,6 +57,11 @@ class VLLMStream:
         self.core.add_request(request_id, TokensPrompt(prompt_token_ids=list(map(int, prompt))), sp)
         self.inflight[request_id] = params.n
 
+    def abort(self, request_id: str) -> None:
+        """Forget a request in flight (vLLM frees its sequences; nothing comes back for it)."""
+        if self.inflight.pop(request_id, None) is not None:
+            self.core.abort_request([request_id])
+
     def step(self) -> list[tuple[str, list[Completion]]]:
         from dapo_async.engines.vllm_convert import completion
 

@@ -11,6 +11,7 @@ Inside, every turn of every episode is a request (n = 1) of the engine's own str
              engine stream.step() ─► finished turns wake their episodes, every token tagged
              with its version (weights may land inside a turn or between two)
              requests whose n episodes all returned come back: (rid, completions)
+    abort(rid) ─► its episodes cancelled, the turns they awaited dropped from the engine stream
 
 Turns of different episodes decode side by side, a new turn joins the running batch the moment
 its episode asks for it, and an episode that finishes frees its place for the next prompt.
@@ -102,11 +103,31 @@ class EpisodeStream:
         self.queued = []
         if self.inner.num_inflight:
             for rid, comps in self.inner.step():
-                self.turns.pop(rid).set_result(turn_of(comps[0], self.engine.version))
+                fut = self.turns.pop(rid)
+                if not fut.done():  # (a turn of an episode cancelled on its own is dropped)
+                    fut.set_result(turn_of(comps[0], self.engine.version))
             self._spin()
         elif self.num_inflight:
             self.loop.run_until_complete(asyncio.sleep(IO_WAIT_S))
         return self._finished()
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request's episodes: cancel them, let them unwind (bounded, as at ``close``),
+        then drop the turns they were waiting on from the engine's stream."""
+        eps = self.episodes.pop(request_id, None)
+        if not eps:
+            return
+        tasks = [t for t, _ in eps if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.loop.run_until_complete(asyncio.wait(tasks, timeout=CLOSE_WAIT_S))
+        # a cancelled episode cancels the turn future it awaited (and its sub-tasks' ones)
+        gone = {rid for rid, fut in self.turns.items() if fut.cancelled()}
+        self.queued = [q for q in self.queued if q[0] not in gone]
+        for rid in gone:
+            del self.turns[rid]
+            self.inner.abort(rid)
 
     def close(self) -> None:
         """The run ends: cancel the episodes still playing (bounded: a rollout function that

@@ -4,9 +4,18 @@ and a new prompt is leased to take its place. No step waits for a whole batch.
     ┌─► new weights? take them now (inflight_updates: mid-response, between decode chunks)
     │   a grant arrived? its prompts wait until the engine holds weights the buffer allows
     │   fewer than max_inflight sequences? ask for that many prompts (non-blocking)
+    │   a request started under weights too old to be trained any more? restart it (below)
     │   engine.step(): every sequence in flight advances one chunk; finished requests come back
     │   each finished request: score → group (per-token versions) → outbox → ScoredGroups
     └── pump replies (acks, grants)
+
+A group is trained only if its oldest token is at most ``max_staleness`` versions older than
+the step that takes it (the buffer drops it as stale otherwise; the grant says the bound and
+the learner's version). A request whose first tokens came from weights older than the learner's
+version minus that bound can only be dropped, so it starts over from its prompt under the
+current weights and keeps its lease (``generator/restarted``). It happens to a spare generator
+(``launch.spare_generators``), which parks for many steps with requests half done, and rarely
+to one the buffer waits for.
 
 Same outbox, acks, resends and hello/heartbeat as the batch loop (``session.GeneratorSession``,
 which both extend). The stream passed in is an ``episode_stream.EpisodeStream``: its requests
@@ -53,6 +62,10 @@ class StreamLoop(GeneratorSession):
         self.inflight_updates = inflight_updates
         # request id -> (lease id, prompt, ground truth, time added)
         self.inflight: dict[str, tuple[int, list[int], str, float]] = {}
+        self.started: dict[str, int] = {}  # request id -> weights version it started under
+        # from the last grant: the buffer's staleness bound (-1: not said) and learner version
+        self.max_staleness, self.learner_version = -1, 0
+        self.counters["restarted"] = 0
         self.waiting: deque[tuple[int, list[int], str, int, float]] = deque()  # + min version
         self.lease_due = 0.0  # when the next lease request may be sent
         self.lease_pending = False
@@ -78,7 +91,8 @@ class StreamLoop(GeneratorSession):
             self._report()
             return False
         live = self.stream.num_inflight
-        self.cores_working()
+        self.cores_working()  # (a spare may park here for many steps, taking weights)
+        self._restart_late()
         t0 = time.monotonic()
         done = self.stream.step()
         dt = time.monotonic() - t0
@@ -106,6 +120,7 @@ class StreamLoop(GeneratorSession):
         if self._grant is not None:
             g, self._grant = self._grant, None
             self.lease_pending = False
+            self.max_staleness, self.learner_version = g.max_staleness, g.version
             for item in zip(g.prompt_ids, g.prompts, g.ground_truths):
                 self.waiting.append((*item, g.min_version, now))
             if not g.prompt_ids:  # nothing admissible now: ask again after the hint
@@ -115,10 +130,7 @@ class StreamLoop(GeneratorSession):
             self.engine.version >= self.waiting[0][3] or now - self.waiting[0][4] > WEIGHTS_WAIT_S
         ):
             lease_id, prompt, truth, _, _ = self.waiting.popleft()
-            rid = f"{self.id}:{lease_id}"
-            sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
-            self.stream.add_request(rid, prompt, self.params, sample)  # n episodes of the prompt
-            self.inflight[rid] = (lease_id, prompt, truth, now)
+            self._start(f"{self.id}:{lease_id}", lease_id, prompt, truth, now)
         n = self.params.n
         if self.stream.num_inflight + n * len(self.waiting) > self.refill_at:
             return
@@ -130,11 +142,38 @@ class StreamLoop(GeneratorSession):
             self.lease_pending = True
             self.lease_due = now
 
+    def _start(self, rid: str, lease_id: int, prompt, truth: str, now: float) -> None:
+        sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
+        self.stream.add_request(rid, prompt, self.params, sample)  # n episodes of the prompt
+        self.inflight[rid] = (lease_id, prompt, truth, now)
+        self.started[rid] = self.engine.version
+
+    def _restart_late(self) -> None:
+        """Start over the requests begun under weights older than the learner's version minus
+        the staleness bound (module docstring): their groups could only be dropped as stale.
+        Their first token has the version they started under (the engine takes weights only
+        between this loop's steps), so none that could still be trained is restarted; and none
+        restarts while the engine itself is that far behind (``inflight_updates`` off: it takes
+        weights only once the stream is empty, which restarting would never let it be)."""
+        if self.max_staleness < 0:
+            return
+        horizon = max(self.engine.version, self.learner_version) - self.max_staleness
+        if self.engine.version < horizon:
+            return  # a restart now would begin too old again: first newer weights
+        late = [rid for rid, v in self.started.items() if v < horizon]
+        now = time.monotonic()
+        for rid in late:
+            lease_id, prompt, truth, _ = self.inflight[rid]
+            self.stream.abort(rid)
+            self._start(rid, lease_id, prompt, truth, now)
+        self.counters["restarted"] += len(late)
+
     def _groups(self, done) -> list[protocol.Group]:
         now = time.monotonic()
         finished = []
         for rid, comps in done:
             lease_id, prompt, truth, t_added = self.inflight.pop(rid)
+            del self.started[rid]
             finished.append((lease_id, prompt, truth, comps, now - t_added))
             for c in comps:
                 self.spans.append(len(np.unique(c.versions)) if len(c.tokens) else 0)
@@ -163,6 +202,7 @@ class StreamLoop(GeneratorSession):
             "generator/outbox": float(len(self.outbox)),
             "generator/version": float(self.engine.version),
             "generator/groups_sent": float(self.counters["groups_sent"]),
+            "generator/restarted": float(self.counters["restarted"]),
         }
         if self.spans:
             out["generator/versions_per_response"] = float(np.mean(self.spans))

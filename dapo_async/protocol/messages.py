@@ -101,6 +101,10 @@ class LeaseGrant(Message):
     # Generate these prompts with weights of at least this version (the staleness bound);
     # -1 = any.
     min_version: int = -1
+    # The buffer's buffer.max_staleness (-1 = not said): a group whose oldest token is older
+    # than the learner's version minus this is dropped as stale, so a generator restarts a
+    # prompt that can no longer finish in time instead of decoding it to waste.
+    max_staleness: int = -1
     # Each prompt's record ``extra_info`` as JSON text, for reward functions that take it
     # (empty: none).
     extra_infos: list[str] = field(default_factory=list)
@@ -114,6 +118,8 @@ class LeaseGrant(Message):
             raise ProtocolError("length_mismatch", "lease_grant extra_infos differ in length")
         if any(len(p) == 0 or min(p) < 0 for p in self.prompts):
             raise ProtocolError("bad_value", "prompts must be non-empty token lists >= 0")
+        if self.max_staleness < -1:
+            raise ProtocolError("bad_value", "lease_grant max_staleness must be >= -1")
 
 
 @dataclass

@@ -168,3 +168,16 @@ def test_the_wal_is_compacted_by_size_without_checkpoints(tmp_path, monkeypatch)
     again = _service(path)
     assert again.state.snapshot() == snap
     assert again.state.counters.rejected["unknown_lease"] == 1000
+
+
+def test_a_grant_says_the_staleness_bound_and_the_learners_version(tmp_path):
+    """What a stream-mode generator needs to restart a request that can no longer be trained
+    (generator/stream.py): the buffer's max_staleness and the learner's version."""
+    svc = _service(tmp_path / "buffer.wal")
+    svc.handle(protocol.Hello("g", 1, "hf"))
+    svc.handle(protocol.BatchRequest(0, 1, 3))  # the learner asks for step 3
+    grant = svc.handle(protocol.LeaseRequest("g", 1))
+    assert grant.prompt_ids and grant.version == 3
+    assert grant.max_staleness == svc.state.cfg.max_staleness == 1
+    assert grant.min_version == 2
+    svc.close()

@@ -6,7 +6,8 @@ through ``engines.base.Engine`` only; one JSON line on stdout (``RESULT {...}``)
 Probes, in order (versions in brackets): attributes; sampled responses (t=1.0, 0.8) and greedy ones
 [0]; greedy after update_weights(NEW) [1]; greedy after load_file(the original) [2]; then twice
 (reset_kv on [2→3], off [4→5]): the original loaded, a stream decodes one chunk, NEW is given
-mid-response, the stream finishes.
+mid-response, the stream finishes; last, a greedy stream [5] where one request is aborted
+after a chunk (and an unknown id ignored), then added again under the same id.
 """
 
 import json
@@ -39,6 +40,28 @@ def stream_across_update(eng, prompts, new_state, old_version, reset_kv):
     while stream.num_inflight:
         done.update(stream.step())
     return dump([done[str(i)] for i in range(len(prompts))])
+
+
+def stream_with_abort(eng, prompts):
+    from dapo_async.engines.base import SamplingParams
+
+    stream = eng.stream(4)
+    greedy = SamplingParams(n=1, temperature=0.0, max_tokens=30)  # (vLLM: greedy is n=1)
+    for i, p in enumerate(prompts):
+        stream.add_request(str(i), p, greedy)
+    returned = list(stream.step())
+    stream.abort("1")
+    stream.abort("no-such-request")
+    inflight_after_abort = stream.num_inflight
+    returned += stream.step()
+    stream.add_request("1", prompts[1], greedy)  # the same id again, from its prompt
+    while stream.num_inflight:
+        returned += stream.step()
+    return {
+        "inflight_after_abort": inflight_after_abort,
+        "ids": [rid for rid, _ in returned],
+        "tokens": {rid: [c.tokens.tolist() for c in comps] for rid, comps in returned},
+    }
 
 
 if __name__ == "__main__":
@@ -81,5 +104,6 @@ if __name__ == "__main__":
     eng.load_file(original, 4)
     out["stream_kept"] = stream_across_update(eng, prompts[:4], new_state, 4, reset_kv=False)
     out["version"] = eng.version
+    out["stream_abort"] = stream_with_abort(eng, prompts[:3])
     eng.close()
     print("RESULT " + json.dumps(out), flush=True)

@@ -4,7 +4,8 @@ interface only (``engine_probe.py``): sampled log-probs equal a transformers for
 max |Δ| ≤ 1e-4), greedy outputs equal greedy decoding; ``update_weights`` gives the new model's
 outputs and ``load_file`` of the original gives exactly the old ones again; a stream given new
 weights mid-response tags every token with the version that sampled it, its log-prob reproduced
-by that version's weights (exactly with reset_kv; before the update without)."""
+by that version's weights (exactly with reset_kv; before the update without); a request aborted
+mid-stream never comes back, and added again under its id decodes what greedy decoding does."""
 
 import inspect
 import json
@@ -101,3 +102,8 @@ def test_engine_generates_streams_and_loads_weights(kind, tiny_model, new_weight
         with torch.no_grad():
             check_versions_and_logprobs(prompts[:4], res[key], by_version, model, exact)
     assert res["version"] == 5
+    aborted = res["stream_abort"]  # greedy on the new weights, 3 requests
+    assert aborted["inflight_after_abort"] <= 2, "the aborted request left at once"
+    assert sorted(aborted["ids"]) == ["0", "1", "2"], "each returned once, the restart too"
+    for i, want in enumerate(tokens("greedy_new")[:3]):
+        assert aborted["tokens"][str(i)] == [want]

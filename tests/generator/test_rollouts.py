@@ -317,6 +317,40 @@ def test_stream_mode_a_slow_episode_holds_no_other_and_updates_land_between_turn
     assert all(c.sampled is None or c.sampled.all() for c in done["fast"])
 
 
+def test_aborting_an_episode_cancels_it_and_drops_its_turn_from_the_engine(tiny_model):
+    """``EpisodeStream.abort`` mid-episode (the generator restarts a request too stale to be
+    trained): its episodes are cancelled, the turns they waited on leave the hf decoder's batch,
+    nothing comes back for it, and the same id added again plays its episodes from the start."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo_async.engines.hf import HFEngine
+    from dapo_async.generator.episode_stream import EpisodeStream
+    from dapo_async.rollouts import Sample as S
+
+    eng = HFEngine(str(tiny_model), model=AutoModelForCausalLM.from_pretrained(str(tiny_model)))
+    prompts = chat_prompts(eng.tokenizer, 2)
+    stream = EpisodeStream(eng.stream(4, seed=0), _slow_or_fast, eng)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=40)
+    slow = S(prompts[0], extra={"slow": True})
+    stream.add_request("slow", prompts[0], params, slow)
+    stream.add_request("fast", prompts[1], params, S(prompts[1]))
+    done = [*stream.step(), *stream.step()]  # the slow episodes are in their turns now
+    tasks = [t for t, _ in stream.episodes["slow"]]
+    waiting = len(stream.turns)  # each slow episode waits on a turn (queued or decoding)
+    assert waiting >= 2 and stream.inner.num_inflight + len(stream.queued) == waiting
+    stream.abort("slow")
+    assert all(t.cancelled() for t in tasks) and "slow" not in stream.episodes
+    assert len(stream.turns) == waiting - 2  # what is left is the fast request's
+    assert stream.inner.num_inflight + len(stream.queued) == len(stream.turns)
+    stream.abort("slow")  # twice, or an id not in flight: ignored
+    stream.add_request("slow", prompts[0], params, slow)
+    while stream.num_inflight:
+        done += stream.step()
+    assert sorted(rid for rid, _ in done) == ["fast", "slow"]
+    for c in dict(done)["slow"]:
+        assert int((c.sampled == 0).sum()) == 5  # six turns, all of them played again
+
+
 def test_config_check_names_a_bad_rollout_before_the_run_starts():
     from dapo_async.config import load_config
     from dapo_async.tools.config_check import _rollout_problems

@@ -25,3 +25,27 @@ def test_hf_stream_decodes_what_generate_decodes_while_requests_join(tiny_model)
         for a, b in zip(ref[i], got[str(i)]):
             assert a.tokens.tolist() == b.tokens.tolist()
             assert np.abs(a.logprobs - b.logprobs).max() <= LOGPROB_TOL
+
+
+def test_hf_stream_abort_drops_a_requests_rows_and_it_can_start_over(tiny_model):
+    eng = HFEngine(str(tiny_model))
+    prompts = chat_prompts(eng.tokenizer, n=4)
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=30)
+    ref = eng.generate(prompts, greedy)
+    stream = eng.stream(chunk_tokens=3)
+    for i, p in enumerate(prompts[:3]):
+        stream.add_request(str(i), p, greedy)
+    got = stream.step()
+    stream.add_request("3", prompts[3], greedy)
+    stream.abort("3")  # still pending: never admitted
+    stream.abort("1")  # mid-response: its 2 rows leave the batch and its cache
+    stream.abort("no-such-request")
+    assert stream.num_inflight == 4 and len(stream.active) == 4
+    assert stream.cache.layers[0].keys.shape[0] == 4 == stream.mask_BT.shape[0]
+    got += stream.step()
+    stream.add_request("1", prompts[1], greedy)  # the same id again, joining a running batch
+    while stream.num_inflight:
+        got += stream.step()
+    assert sorted(rid for rid, _ in got) == ["0", "1", "2"]
+    for rid, comps in got:
+        assert [c.tokens.tolist() for c in comps] == [c.tokens.tolist() for c in ref[int(rid)]]

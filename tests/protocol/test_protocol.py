@@ -55,7 +55,16 @@ EXAMPLES = [
     P.Hello("spare0-1a", 124, "hf", spare=True),
     P.Heartbeat("gen-0", 4, 2),
     P.LeaseRequest("gen-0", 8),
-    P.LeaseGrant([1, 2], [[5, 6, 7], [8]], ["42", "7"], ["tiny:arith", "math_dapo"], 3, 0.0),
+    P.LeaseGrant(
+        [1, 2],
+        [[5, 6, 7], [8]],
+        ["42", "7"],
+        ["tiny:arith", "math_dapo"],
+        3,
+        0.0,
+        min_version=2,
+        max_staleness=1,
+    ),
     P.ScoredGroups(batch=batch_of(3)),
     P.Ack([("gen-0", 1), ("gen-0", 2)], ["stored", "duplicate"]),
     P.BatchRequest(1, 2, 17),
@@ -197,6 +206,8 @@ def test_mismatched_lengths_rejected():
         P.decode(wire(P.LeaseGrant([1, 2], [[1]], ["1"], ["x"], 0)))
     with pytest.raises(P.ProtocolError, match="length_mismatch"):
         P.decode(wire(P.Ack([("g", 1)], [])))
+    with pytest.raises(P.ProtocolError, match="max_staleness"):
+        P.decode(wire(P.LeaseGrant([1], [[1]], ["1"], ["x"], 0, max_staleness=-2)))
 
 
 def test_size_limits():
