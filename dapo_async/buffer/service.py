@@ -212,7 +212,14 @@ class BufferService:
         return self.state.ingest(group)
 
     def _on_batch_request(self, msg: protocol.BatchRequest) -> protocol.Message:
-        return self._serve_batch(msg)[0]
+        return self._with_stats(self._serve_batch(msg)[0])
+
+    def _with_stats(self, reply: protocol.Batch) -> protocol.Batch:
+        """A "not ready" reply about to leave gets the counters (a starving learner says why
+        it waits from them); built only then, not at each retry of a held request."""
+        if not reply.ready and not reply.stats:
+            reply.stats = self.stats()
+        return reply
 
     def _serve_batch(self, msg: protocol.BatchRequest) -> tuple[protocol.Batch, bool]:
         """The reply, and whether it is final (False: the step is not ready yet)."""
@@ -223,12 +230,8 @@ class BufferService:
             self.malformed["bad_batch_request"] = self.malformed.get("bad_batch_request", 0) + 1
             return protocol.Batch(msg.step, msg.rank, False, wait_s=1.0), True
         self._log("batch", [msg.step, msg.rank, msg.world_size])
-        if res is None:
-            # counters ride along so a starving learner can say why it waits
-            reply = protocol.Batch(
-                msg.step, msg.rank, False, wait_s=RETRY_WAIT_S, stats=self.stats()
-            )
-            return reply, False
+        if res is None:  # (the counters are added if this reply leaves: ``_with_stats``)
+            return protocol.Batch(msg.step, msg.rank, False, wait_s=RETRY_WAIT_S), False
         batch, tokens, num_groups = res
         reply = protocol.Batch(
             msg.step, msg.rank, True, tokens, num_groups, 0.0, self.stats(), batch
@@ -267,7 +270,7 @@ class BufferService:
         sock = self.server.socket
         replies: list[tuple[bytes, protocol.Message]] = []
         n, changed = self._receive(sock, replies) if sock.poll(POLL_MS) else (0, False)
-        replies += self.held.retry(changed)
+        replies += [(ident, self._with_stats(r)) for ident, r in self.held.retry(changed)]
         if self.wal is not None and (n or replies):
             self.wal.flush()
             self.maybe_compact()
@@ -309,6 +312,7 @@ class BufferService:
                 continue
             if isinstance(msg, protocol.BatchRequest):
                 reply = self.held.submit(ident, msg)  # None: held until its step is ready
+                reply = reply if reply is None else self._with_stats(reply)
             else:
                 reply = self.handle(msg)
                 changed |= isinstance(msg, (protocol.ScoredGroups, protocol.CheckpointNotice))

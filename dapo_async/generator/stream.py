@@ -62,7 +62,10 @@ class StreamLoop(GeneratorSession):
         self.inflight_updates = inflight_updates
         # request id -> (lease id, prompt, ground truth, time added)
         self.inflight: dict[str, tuple[int, list[int], str, float]] = {}
-        self.started: dict[str, int] = {}  # request id -> weights version it started under
+        # request id -> the weights version its first tokens come from: the engine's at the
+        # first decode chunk after it was added (a spare may park, taking weights, in between)
+        self.started: dict[str, int] = {}
+        self._unstarted: list[str] = []  # added since the last chunk
         # from the last grant: the buffer's staleness bound (-1: not said) and learner version
         self.max_staleness, self.learner_version = -1, 0
         self.counters["restarted"] = 0
@@ -92,6 +95,7 @@ class StreamLoop(GeneratorSession):
             return False
         live = self.stream.num_inflight
         self.cores_working()  # (a spare may park here for many steps, taking weights)
+        self._mark_started()
         self._restart_late()
         t0 = time.monotonic()
         done = self.stream.step()
@@ -146,15 +150,26 @@ class StreamLoop(GeneratorSession):
         sample = Sample(list(map(int, prompt)), truth, extra=self.extra_info(lease_id))
         self.stream.add_request(rid, prompt, self.params, sample)  # n episodes of the prompt
         self.inflight[rid] = (lease_id, prompt, truth, now)
-        self.started[rid] = self.engine.version
+        self.started[rid] = self.engine.version  # until its first chunk says (``step``)
+        self._unstarted.append(rid)
+
+    def _mark_started(self) -> None:
+        """Before a decode chunk: the requests added since the last one start under the
+        engine's weights now (their first tokens come from this chunk's)."""
+        for rid in self._unstarted:
+            if rid in self.started:
+                self.started[rid] = self.engine.version
+        self._unstarted = []
 
     def _restart_late(self) -> None:
         """Start over the requests begun under weights older than the learner's version minus
         the staleness bound (module docstring): their groups could only be dropped as stale.
-        Their first token has the version they started under (the engine takes weights only
-        between this loop's steps), so none that could still be trained is restarted; and none
-        restarts while the engine itself is that far behind (``inflight_updates`` off: it takes
-        weights only once the stream is empty, which restarting would never let it be)."""
+        A request's version is the engine's at the first decode chunk after it was added (the
+        engine takes weights only between chunks), so none that could still be trained is
+        restarted (but an episode that waits on its own I/O before its first turn starts
+        later than that: it may be restarted early, which costs work, not correctness); and
+        none restarts while the engine itself is that far behind (``inflight_updates`` off: it takes weights only once the stream is empty, which
+        restarting would never let it be)."""
         if self.max_staleness < 0:
             return
         horizon = max(self.engine.version, self.learner_version) - self.max_staleness

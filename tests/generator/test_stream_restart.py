@@ -35,17 +35,24 @@ def _grant(loop, lease_id: int, prompt, version: int, max_staleness: int) -> Non
     loop._refill()
 
 
+def _chunk(loop):
+    """What ``StreamLoop.step`` does around a decode chunk, without the buffer's messages."""
+    loop._mark_started()
+    loop._restart_late()
+    return loop.stream.step()
+
+
 def test_a_request_too_stale_to_train_starts_over_under_the_current_weights(tiny_model):
     loop, eng = _loop(tiny_model)
     prompts = chat_prompts(eng.tokenizer, 2)
     state = {k: v.clone() for k, v in eng.model.state_dict().items()}
     _grant(loop, 0, prompts[0], version=0, max_staleness=1)  # "gen:0" under version 0
-    done = loop.stream.step()
+    done = _chunk(loop)
     eng.update_weights(state, 1)
     _grant(loop, 1, prompts[1], version=1, max_staleness=1)  # "gen:1" under version 1
     loop._restart_late()
     assert loop.counters["restarted"] == 0  # v0 ≥ 1 − 1: both can still be trained
-    done += loop.stream.step()
+    done += _chunk(loop)
     loop.learner_version = 3  # the learner moved on (a later grant says so) ...
     loop._restart_late()
     assert loop.counters["restarted"] == 0  # ... but a restart under v1 would be too old again
@@ -56,7 +63,7 @@ def test_a_request_too_stale_to_train_starts_over_under_the_current_weights(tiny
     assert set(loop.inflight) == {"gen:0", "gen:1"}  # the lease is kept
     assert loop.stream_metrics()["generator/restarted"] == 1.0
     while loop.stream.num_inflight:
-        done += loop.stream.step()
+        done += _chunk(loop)
     got = dict(done)
     assert sorted(got) == ["gen:0", "gen:1"]  # each once: the aborted start never came back
     for c in got["gen:0"] + got["gen:1"]:
@@ -74,3 +81,19 @@ def test_without_a_staleness_bound_from_the_buffer_nothing_restarts(tiny_model):
     loop._restart_late()
     assert loop.counters["restarted"] == 0 and loop.started == {"gen:0": 0}
     loop.stream.close()  # the episode still in flight: cancelled, nothing left pending
+
+
+def test_a_request_starts_under_the_weights_of_its_first_chunk(tiny_model):
+    """A spare generator adds its granted prompts, then parks before decoding them, taking
+    weights meanwhile: their first tokens come from the newer weights, and it is by those
+    that they are judged (not restarted while they can still be trained)."""
+    loop, eng = _loop(tiny_model)
+    prompts = chat_prompts(eng.tokenizer, 1)
+    _grant(loop, 0, prompts[0], version=0, max_staleness=1)  # added under v0 ...
+    eng.update_weights({k: v.clone() for k, v in eng.model.state_dict().items()}, 2)
+    _chunk(loop)  # ... first decoded under v2 (the park took weights)
+    assert loop.started == {"gen:0": 2}
+    loop.learner_version = 3
+    _chunk(loop)
+    assert loop.counters["restarted"] == 0  # v2 ≥ 3 − 1: still trainable
+    loop.stream.close()
