@@ -4,6 +4,8 @@
   (NVML), so a process that later lets vLLM fork its engine does not hold a CUDA context.
 - ``learner_device(local_rank)``: the learner's device (``cuda:<local_rank>`` or CPU).
 - ``resolve_dtype(name, device)``: ``auto`` → bfloat16 on CUDA, float32 on CPU.
+  ``learner_compute_dtype(name, device)``: the same, except that ``auto`` is bfloat16 also on a
+  CPU that multiplies bf16 matrices in hardware (``cpu_has_native_bf16``).
   The learner keeps parameters and AdamW state in ``learner.param_dtype`` (fp32 master weights)
   and computes in ``learner.compute_dtype`` (autocast; FSDP2 uses a MixedPrecisionPolicy);
   engines run in ``generator.dtype``; weights travel in ``weight_sync.wire_dtype``.
@@ -76,6 +78,40 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r} (auto | {' | '.join(DTYPES)})")
     return getattr(torch, name)
+
+
+# /proc/cpuinfo flags of x86 CPUs that multiply bf16 matrices in hardware: AVX512-BF16 (dot
+# products of bf16 pairs; AMD Zen 4, Intel Cooper Lake and later) and AMX (Sapphire Rapids+).
+# Elsewhere bf16 matmuls are emulated in fp32 or run a slow reference kernel.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU (or the given /proc/cpuinfo text) has a native bf16 matrix multiply.
+    False where /proc/cpuinfo cannot be read (macOS, Windows): float32 is the safe choice."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return bool(NATIVE_BF16_FLAGS & set(line.partition(":")[2].split()))
+    return False
+
+
+def learner_compute_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """``learner.compute_dtype``: ``auto`` → bfloat16 on CUDA and on a CPU with native bf16
+    matmuls (a learner step of the tiny policy 22% shorter on a 2-core AMD EPYC with
+    AVX512-BF16, whose bf16 matmuls run 5× its fp32 ones; docs/results.md), else float32.
+    Master weights and AdamW state stay in ``learner.param_dtype``; generators sample in
+    ``generator.dtype``."""
+    import torch
+
+    if name == "auto" and torch.device(device).type == "cpu" and cpu_has_native_bf16():
+        return torch.bfloat16
+    return resolve_dtype(name, device)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -157,3 +157,25 @@ def test_slurm_learner_uses_a_static_rendezvous_ranked_by_node():
     assert (
         subprocess.run(["bash", "-n", str(REPO / "tools/slurm/dapo_hetjob.sbatch")]).returncode == 0
     )
+
+
+def test_the_learner_computes_in_bf16_on_a_cpu_with_native_bf16_matmuls_only():
+    """``learner.compute_dtype=auto``: bf16 where the CPU multiplies bf16 in hardware (the
+    /proc/cpuinfo flags), float32 elsewhere (emulated bf16 is slower than fp32); a named dtype
+    is what it says; generators keep ``resolve_dtype`` (float32 on every CPU)."""
+    import torch
+
+    from dapo_async import devices
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    spr = "flags\t\t: avx512f amx_bf16 amx_tile\n"
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n"
+    assert devices.cpu_has_native_bf16(zen4) and devices.cpu_has_native_bf16(spr)
+    assert not devices.cpu_has_native_bf16(zen3) and not devices.cpu_has_native_bf16("")
+    native = devices.cpu_has_native_bf16()
+    want = torch.bfloat16 if native else torch.float32
+    assert devices.learner_compute_dtype("auto", "cpu") == want
+    assert devices.learner_compute_dtype("float32", "cpu") == torch.float32
+    assert devices.learner_compute_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert devices.learner_compute_dtype("auto", "meta") == torch.float32  # not a CPU
+    assert devices.resolve_dtype("auto", "cpu") == torch.float32

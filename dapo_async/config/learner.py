@@ -65,7 +65,8 @@ class LearnerConfig:
         "Forward/backward dtype (autocast; FSDP2 mixed precision)",
         "auto",
         DTYPE_CHOICES,
-        auto="bfloat16 on CUDA, float32 on CPU",
+        auto="bfloat16 on CUDA and on CPUs with native bf16 matmuls (AVX512-BF16, AMX), "
+        "else float32",
     )
     pack_sequences: bool = F(
         False,

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from dapo_async import checkpoint_dirs, cores, eval_snapshots, protocol, transport
 from dapo_async.algo.objectives import make_objective
 from dapo_async.data.datasets import load_heldout
-from dapo_async.devices import learner_device, local_rank, resolve_dtype
+from dapo_async.devices import learner_compute_dtype, learner_device, local_rank, resolve_dtype
 from dapo_async.evaluation import evaluate_records
 from dapo_async.keys import run_keys_dir
 from dapo_async.learner import checkpoint
@@ -127,7 +127,7 @@ class Learner:
         device = self.device
         # master weights in learner.param_dtype; the frozen reference only computes
         dtype = resolve_dtype(cfg.learner.param_dtype, device)
-        ref_dtype = resolve_dtype(cfg.learner.compute_dtype, device)
+        ref_dtype = learner_compute_dtype(cfg.learner.compute_dtype, device)
         lora = cfg.learner.lora_rank > 0  # then the base weights always come from model.path
         load_dir = str(self.resume_from) if self.resume_from and not lora else src_dir
         model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=dtype).to(device)
@@ -171,7 +171,7 @@ class Learner:
             self.world,
             fsdp=lc.fsdp,
             activation_checkpointing=lc.activation_checkpointing,
-            compute_dtype=resolve_dtype(lc.compute_dtype, self.device),
+            compute_dtype=learner_compute_dtype(lc.compute_dtype, self.device),
             logprob_chunk_tokens=lc.logprob_chunk_tokens,
         )
         self.trainer = Trainer(
@@ -317,7 +317,7 @@ class Learner:
         """The live model, or under FSDP2 an unsharded copy of the gathered weights."""
         if not self.par.fsdp:
             return self.par.model
-        dtype = resolve_dtype(self.cfg.learner.compute_dtype, self.device)
+        dtype = learner_compute_dtype(self.cfg.learner.compute_dtype, self.device)
         m = AutoModelForCausalLM.from_config(copy.deepcopy(self.par.model.config), dtype=dtype)
         m.load_state_dict(self.full)
         return m.to(self.device)
