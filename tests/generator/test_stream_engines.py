@@ -9,12 +9,16 @@ from dapo_async.engines.base import SamplingParams
 from dapo_async.engines.hf import HFEngine
 
 
-def test_hf_stream_decodes_what_generate_decodes_while_requests_join(tiny_model):
+def _greedy(tiny_model, n: int):
+    """(prompts, greedy params, what ``generate`` decodes for them, a stream of 3-token chunks)."""
     eng = HFEngine(str(tiny_model))
-    prompts = chat_prompts(eng.tokenizer, n=8)
+    prompts = chat_prompts(eng.tokenizer, n=n)
     greedy = SamplingParams(n=2, temperature=0.0, max_tokens=30)
-    ref = eng.generate(prompts, greedy)
-    stream = eng.stream(chunk_tokens=3)
+    return prompts, greedy, eng.generate(prompts, greedy), eng.stream(chunk_tokens=3)
+
+
+def test_hf_stream_decodes_what_generate_decodes_while_requests_join(tiny_model):
+    prompts, greedy, ref, stream = _greedy(tiny_model, 8)
     got = {}
     for i, p in enumerate(prompts):  # one new request per chunk: joins a running batch
         stream.add_request(str(i), p, greedy)
@@ -28,11 +32,7 @@ def test_hf_stream_decodes_what_generate_decodes_while_requests_join(tiny_model)
 
 
 def test_hf_stream_abort_drops_a_requests_rows_and_it_can_start_over(tiny_model):
-    eng = HFEngine(str(tiny_model))
-    prompts = chat_prompts(eng.tokenizer, n=4)
-    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=30)
-    ref = eng.generate(prompts, greedy)
-    stream = eng.stream(chunk_tokens=3)
+    prompts, greedy, ref, stream = _greedy(tiny_model, 4)
     for i, p in enumerate(prompts[:3]):
         stream.add_request(str(i), p, greedy)
     got = stream.step()
