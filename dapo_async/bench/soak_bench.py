@@ -125,7 +125,10 @@ def books(run: Path, gens, learners) -> dict:
         "produced": c["produced"],
         "trained": c["trained"],
         "dropped": c["dropped"],
+        "held": held,
         "books_balance": stored == c["produced"] == c["trained"] + dropped + held,
+        # groups still unacknowledged after the generators' drain (the buffer may hold them)
+        "unacked_at_stop": sum(len(g.outbox) for g in gens),
         "trained_twice": len(ids) - len(set(ids)),
         "steps": min((len(lr.trained) for lr in learners), default=0),
         "hostile_refused": {"malformed": final["malformed"], "rejected": c["rejected"]},
@@ -186,6 +189,15 @@ def report(run, gens, learners, hostile, samples, elapsed, errors) -> dict:
     return out
 
 
+def _imbalance(out: dict) -> str:
+    """The books' three sides, for a run where they differ."""
+    accounted = out["trained"] + sum(out["dropped"].values()) + out["held"]
+    return (
+        f"DO NOT BALANCE (acked stored {out['acked_stored']}, produced {out['produced']}, "
+        f"trained + dropped + held {accounted}, unacked at stop {out['unacked_at_stop']})"
+    )
+
+
 def _sum_dicts(dicts: list[dict]) -> dict:
     out: dict = {}
     for d in dicts:
@@ -201,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
     summary = (
         f"soak {out['minutes']} min: {out['groups_per_s']} groups/s stored, ack p50/p99 "
         f"{out['ack_latency_ms']['p50']}/{out['ack_latency_ms']['p99']} ms, books "
-        f"{'balance' if out['books_balance'] else 'DO NOT BALANCE'}, trained twice "
+        f"{'balance' if out['books_balance'] else _imbalance(out)}, trained twice "
         f"{out['trained_twice']}, RSS {out['rss_mb_per_min']:+.2f} MB/min, WAL "
         f"{out['wal_mb_per_min']:+.2f} MB/min after warm-up"
     )

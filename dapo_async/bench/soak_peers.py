@@ -3,7 +3,10 @@ real buffer process, speaking the real protocol with the run's keys.
 
 - ``FakeGenerator``: hello, lease, answer every lease with a scored group (mixed accuracy, so
   dynamic sampling keeps some and drops some), resend what is unacknowledged, record each
-  group's ack status and its ack latency (first send → ack);
+  group's ack status and its ack latency (first send → ack); told to stop, it takes no new
+  lease and waits (at most DRAIN_S) for the acks of what it has sent, as a real generator
+  keeps its outbox until acknowledged — a group stored in the instant of the stop is then
+  counted on both sides of the books;
 - ``FakeLearner``: one rank of a learner world, requesting every step's shard in turn and
   recording the group ids it was given (each step's shard is "trained" when the next is asked),
   rank 0 sending checkpoint notices;
@@ -33,6 +36,9 @@ RECV_S = 0.2
 PROMPTS_PER_LEASE = 2
 # Tokens per fake response.
 RESPONSE_TOKENS = 16
+# On stop, a fake generator waits at most this long for the acks of the groups it sent (the
+# buffer, still running, answers within milliseconds; the bench joins peers after 10 s).
+DRAIN_S = 5.0
 # Rank 0 of the fake learner sends a checkpoint notice this often (steps).
 CHECKPOINT_EVERY = 20
 
@@ -109,6 +115,17 @@ class FakeGenerator(_Peer):
             elif isinstance(msg, P.LeaseGrant):
                 self._answer(msg)
                 lease_sent = 0.0 if msg.prompt_ids else time.monotonic() + msg.wait_s
+        self._drain()
+
+    def _drain(self) -> None:
+        """Receive the acks of the groups in flight when the stop came (no new lease)."""
+        deadline = time.monotonic() + DRAIN_S
+        while self.outbox and time.monotonic() < deadline:
+            self._resend(time.monotonic())
+            if self.sock.poll(int(RECV_S * 1000)):
+                msg = T.recv(self.sock, timeout_s=0)
+                if isinstance(msg, P.Ack):
+                    self._on_ack(msg)
 
     def _answer(self, grant: P.LeaseGrant) -> None:
         self.version = max(self.version, grant.version)
