@@ -117,11 +117,7 @@ class EpisodeStream:
         eps = self.episodes.pop(request_id, None)
         if not eps:
             return
-        tasks = [t for t, _ in eps if not t.done()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            self.loop.run_until_complete(asyncio.wait(tasks, timeout=CLOSE_WAIT_S))
+        self._cancel([t for t, _ in eps])
         # a cancelled episode cancels the turn future it awaited (and its sub-tasks' ones)
         gone = {rid for rid, fut in self.turns.items() if fut.cancelled()}
         self.queued = [q for q in self.queued if q[0] not in gone]
@@ -135,12 +131,17 @@ class EpisodeStream:
         destroyed but it is pending' per in-flight episode at exit."""
         if self.loop.is_closed():
             return
-        tasks = [t for eps in self.episodes.values() for t, _ in eps if not t.done()]
+        self._cancel([t for eps in self.episodes.values() for t, _ in eps])
+        self.loop.close()
+
+    def _cancel(self, tasks: list[asyncio.Task]) -> None:
+        """Cancel the episodes not done and let them unwind, at most CLOSE_WAIT_S (a rollout
+        function that ignores cancellation is left behind)."""
+        tasks = [t for t in tasks if not t.done()]
         for t in tasks:
             t.cancel()
         if tasks:
             self.loop.run_until_complete(asyncio.wait(tasks, timeout=CLOSE_WAIT_S))
-        self.loop.close()
 
     def _spin(self) -> None:
         async def turns():
