@@ -3,11 +3,13 @@ weights are taken between chunks of ``chunk_tokens`` decode steps.
 
     add_request(id, prompt, params) ─► pending (one sampler for all: requests differ only in n,
                                         max_tokens and stop_token_ids)
-    step():  pending? prefill them, merge into the batch's KV cache (left-padded)
+    step():  pending? prefill them (a prompt its n sequences share, once), merge into the
+             batch's KV cache (left-padded)
              new weights and reset_kv? recompute the whole batch's KV with them
              decode chunk_tokens tokens for every sequence (one forward per token: the lean
              step of ``hf_decode.py`` for Llama-shaped models, else transformers' forward)
-             finished sequences leave the batch (their cache rows are dropped);
+             finished sequences leave the batch (their cache rows are dropped, and the
+             columns only they used: one gather into a buffer with headroom);
              a request whose n sequences are all finished is returned
     abort(id) ─► its rows leave the batch between steps (cache rows dropped), nothing returned
 
@@ -50,6 +52,8 @@ def _grow_in_place(cache) -> None:
     from transformers.cache_utils import DynamicLayer
 
     class BufferedLayer(DynamicLayer):
+        in_place = True  # _keep gathers into such a layer's buffer
+
         def update(self, key_states, value_states, cache_kwargs=None):
             if not self.is_initialized:
                 return super().update(key_states, value_states, cache_kwargs)
@@ -76,6 +80,28 @@ def _grow_in_place(cache) -> None:
     for layer in cache.layers:
         if type(layer) is DynamicLayer:
             layer.__class__ = BufferedLayer
+
+
+@torch.no_grad()
+def _keep(cache, idx_B: torch.Tensor, start: int) -> None:
+    """Keep the rows ``idx_B`` (in that order, repeats allowed) and the time slots from ``start``
+    of every layer's keys and values: one gather per tensor, straight into a fresh buffer with
+    KV_HEADROOM spare slots, where the next appends write in place (indexing, then trimming,
+    then the first append's regrowth copied the cache three times)."""
+    for layer in cache.layers:
+        if not getattr(layer, "in_place", False):  # not a _grow_in_place layer: plain indexing
+            layer.keys = layer.keys[idx_B, :, start:]
+            layer.values = layer.values[idx_B, :, start:]
+            continue
+        _, h, t, d = layer.keys.shape
+        t -= start
+        bufs = []
+        for old in (layer.keys, layer.values):
+            buf = old.new_empty((len(idx_B), h, t + KV_HEADROOM, d))
+            torch.index_select(old[:, :, start:], 0, idx_B, out=buf[:, :, :t])
+            bufs.append(buf)
+        layer._buf = tuple(bufs)
+        layer.keys, layer.values = bufs[0][:, :, :t], bufs[1][:, :, :t]
 
 
 @dataclass
@@ -153,8 +179,20 @@ class HFStream:
     # ------------------------------------------------------------------ cache
 
     def _prefill(self, seqs: list[_Seq]):
-        """(cache, mask_BT, last logits) of ``seqs`` over their prompt and tokens so far."""
+        """(cache, mask_BT, last logits) of ``seqs`` over their prompt and tokens so far. Rows
+        alike (the n sequences of a new request share its prompt) are computed once and their
+        cache rows copied: the prefill runs on the distinct rows only."""
         rows = [s.prompt + s.tokens for s in seqs]
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(r), len(first)) for r in rows]
+        if len(first) < len(rows):
+            cache, mask_BT, logits_BV = self._prefill_rows([list(r) for r in first])
+            idx = torch.tensor(index, device=self.device)
+            _keep(cache, idx, 0)
+            return cache, mask_BT[idx], logits_BV[idx]
+        return self._prefill_rows(rows)
+
+    def _prefill_rows(self, rows: list[list[int]]):
         width = max(len(r) for r in rows)
         ids_BT = torch.full((len(rows), width), self.engine.pad_id, dtype=torch.long)
         mask_BT = torch.zeros((len(rows), width), dtype=torch.long)
@@ -284,20 +322,6 @@ class HFStream:
         bias_BT.masked_fill_(self.mask_BT == 0, torch.finfo(dtype).min)
         return bias_BT[:, None, None, :]
 
-    def _trim(self) -> None:
-        """Drop cache columns that are padding in every row (left by sequences that left):
-        without this the cache only ever grows and each step attends over more of it."""
-        if self.mask_BT is None:
-            return
-        used_T = self.mask_BT.any(0).nonzero()
-        start = int(used_T[0]) if len(used_T) else 0
-        if start == 0:
-            return
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, start:]
-            layer.values = layer.values[:, :, start:]
-        self.mask_BT = self.mask_BT[:, start:]
-
     def _drop_finished(self, token_B: torch.Tensor | None) -> torch.Tensor | None:
         """Remove finished rows from the batch (cache, mask, logits; and ``token_B``)."""
         keep = [i for i, s in enumerate(self.active) if not s.finish]
@@ -305,14 +329,18 @@ class HFStream:
             return token_B
         if keep:
             idx = torch.tensor(keep, device=self.device)
-            self.cache.batch_select_indices(idx)
             self.mask_BT = self.mask_BT[idx]
+            # columns now padding in every row (left by the rows that left) go too: without
+            # this the cache only ever grows and each step attends over more of it
+            used_T = self.mask_BT.any(0).nonzero()
+            start = int(used_T[0]) if len(used_T) else 0
+            self.mask_BT = self.mask_BT[:, start:]
+            _keep(self.cache, idx, start)
             self.logits_BV = self.logits_BV[idx]
             token_B = None if token_B is None else token_B[idx]
         else:
             self.cache = self.mask_BT = self.logits_BV = None
         self.active = [self.active[i] for i in keep]
-        self._trim()
         return token_B
 
     def _collect(self) -> list[tuple[str, list[Completion]]]:

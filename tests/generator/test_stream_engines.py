@@ -3,10 +3,12 @@ decodes, while requests join a running batch. Weight updates landing mid-respons
 engine: test_engine_interface.py."""
 
 import numpy as np
+import torch
 from engine_checks import LOGPROB_TOL, chat_prompts
 
 from dapo_async.engines.base import SamplingParams
 from dapo_async.engines.hf import HFEngine
+from dapo_async.engines.hf_stream import _Seq
 
 
 def _greedy(tiny_model, n: int):
@@ -49,3 +51,24 @@ def test_hf_stream_abort_drops_a_requests_rows_and_it_can_start_over(tiny_model)
     assert sorted(rid for rid, _ in got) == ["0", "1", "2"]
     for rid, comps in got:
         assert [c.tokens.tolist() for c in comps] == [c.tokens.tolist() for c in ref[int(rid)]]
+
+
+def test_hf_stream_prefills_a_prompt_shared_by_n_rows_once(tiny_model):
+    """The n sequences of a request share their prompt: the prefill computes it once and copies
+    its cache rows, giving each row what a prefill of every row computes."""
+    prompts, greedy, _, stream = _greedy(tiny_model, 2)
+    seqs = [
+        _Seq("a", prompts[0]),
+        _Seq("a", prompts[0]),
+        _Seq("b", prompts[1]),
+        _Seq("a", prompts[0]),
+    ]
+    cache, mask_BT, logits_BV = stream._prefill(seqs)
+    assert stream.stats["prefill_tokens"] == len(prompts[0]) + len(prompts[1])
+    ref_cache, ref_mask_BT, ref_logits_BV = stream._prefill_rows([s.prompt for s in seqs])
+    assert torch.equal(mask_BT, ref_mask_BT)
+    assert torch.allclose(logits_BV, ref_logits_BV, atol=1e-5)
+    for layer, ref in zip(cache.layers, ref_cache.layers):
+        assert layer.keys.shape == ref.keys.shape
+        assert torch.allclose(layer.keys, ref.keys, atol=1e-5)
+        assert torch.allclose(layer.values, ref.values, atol=1e-5)
