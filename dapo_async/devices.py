@@ -114,6 +114,22 @@ def learner_compute_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return resolve_dtype(name, device)
 
 
+def decode_matmul_dtype(
+    name: str, model_dtype: torch.dtype, device: torch.device | str
+) -> torch.dtype | None:
+    """``generator.decode_matmul_dtype`` for an hf engine whose model is in ``model_dtype``:
+    None where the products run in the model's dtype. ``auto`` → bfloat16 for a float32 model
+    on a CPU with native bf16 matmuls (``cpu_has_native_bf16``)."""
+    import torch
+
+    if name == "auto":
+        native = torch.device(device).type == "cpu" and cpu_has_native_bf16()
+        wanted = torch.bfloat16 if native and model_dtype == torch.float32 else model_dtype
+    else:
+        wanted = resolve_dtype(name, device)
+    return None if wanted == model_dtype else wanted
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

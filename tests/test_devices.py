@@ -179,3 +179,24 @@ def test_the_learner_computes_in_bf16_on_a_cpu_with_native_bf16_matmuls_only():
     assert devices.learner_compute_dtype("bfloat16", "cpu") == torch.bfloat16
     assert devices.learner_compute_dtype("auto", "meta") == torch.float32  # not a CPU
     assert devices.resolve_dtype("auto", "cpu") == torch.float32
+
+
+def test_the_lean_decoders_products_run_in_bf16_on_a_cpu_with_native_bf16_matmuls_only(
+    monkeypatch,
+):
+    """``generator.decode_matmul_dtype=auto``: bf16 products for a float32 model on a CPU that
+    multiplies bf16 in hardware; None (the model's dtype) on other CPUs, for a model already in
+    bf16, and on a device that is not a CPU; a named dtype is what it says."""
+    import torch
+
+    from dapo_async import devices
+
+    for native in (True, False):
+        monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda native=native: native)
+        want = torch.bfloat16 if native else None
+        assert devices.decode_matmul_dtype("auto", torch.float32, "cpu") is want
+        assert devices.decode_matmul_dtype("auto", torch.bfloat16, "cpu") is None
+        assert devices.decode_matmul_dtype("auto", torch.float32, "meta") is None
+        assert devices.decode_matmul_dtype("float32", torch.float32, "cpu") is None
+        assert devices.decode_matmul_dtype("bfloat16", torch.float32, "cpu") is torch.bfloat16
+        assert devices.decode_matmul_dtype("float32", torch.bfloat16, "meta") is torch.float32

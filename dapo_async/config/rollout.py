@@ -80,6 +80,17 @@ class GeneratorConfig:
         "of engines/hf_decode.py (transformers' math without its module plumbing); false: "
         "transformers' forward.",
     )
+    decode_matmul_dtype: str = Choice(
+        "stream, hf engine, lean decode: the dtype of the decode step's weight matrix products "
+        "(norms, rotary, attention, the KV cache and the logits stay in generator.dtype; at "
+        "fewer than 32 rows a step runs in generator.dtype, where a bf16 product's fixed cost "
+        "outweighs it)",
+        "auto",
+        ("auto", "float32", "bfloat16"),
+        auto="bfloat16 where the engine computes in float32 on a CPU with native bf16 matmuls "
+        "(AVX512-BF16, AMX: the long-tail decoder 25-35% faster on a 2-core AMD EPYC, "
+        "docs/results.md), else generator.dtype",
+    )
     decode_delay_s: float = F(
         0.0,
         "Benchmarks only: seconds the hf engine computes (spins) in each model forward (one "

@@ -40,6 +40,8 @@ class HFEngine:
         self.version = 0
         # stream decode steps through engines/hf_decode.py where the architecture allows
         self.lean_decode = True
+        # their weight products in this dtype (None: the model's; generator.decode_matmul_dtype)
+        self.decode_matmul_dtype: torch.dtype | None = None
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

@@ -125,7 +125,11 @@ class HFStream:
     ):
         self.engine = engine
         # decode steps without transformers' plumbing where the architecture allows
-        self.lean = LeanDecode(engine.model) if lean and LeanDecode.supports(engine.model) else None
+        self.lean = (
+            LeanDecode(engine.model, engine.decode_matmul_dtype)
+            if lean and LeanDecode.supports(engine.model)
+            else None
+        )
         self.chunk_tokens = chunk_tokens
         self.reset_kv = reset_kv
         self.device = torch.device(engine.device)

@@ -9,7 +9,7 @@ import time
 import zmq
 
 from dapo_async import transport
-from dapo_async.devices import on_gpu
+from dapo_async.devices import decode_matmul_dtype, on_gpu
 from dapo_async.engines import make_engine
 from dapo_async.engines.base import SamplingParams
 from dapo_async.keys import run_keys_dir
@@ -72,6 +72,9 @@ def engine_for(cfg, path: str):
     engine = make_engine(g.engine, path, g.dtype, vllm_cfg=cfg, seed=cfg.seed)
     if g.engine == "hf":
         engine.lean_decode = g.lean_decode
+        engine.decode_matmul_dtype = decode_matmul_dtype(
+            g.decode_matmul_dtype, engine.model.dtype, engine.device
+        )
     if g.decode_delay_s > 0 and g.engine == "hf":
         delay = g.decode_delay_s
         engine.model.register_forward_pre_hook(lambda *_: spin(delay))

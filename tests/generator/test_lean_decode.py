@@ -94,6 +94,7 @@ class Engine:
     def __init__(self, model):
         self.model, self.device, self.version = model, torch.device("cpu"), 0
         self.pad_id, self.eos_id = 0, 1
+        self.decode_matmul_dtype = None
 
         class Tok:
             def decode(self, ids, skip_special_tokens=True):
@@ -121,3 +122,31 @@ def test_the_stream_samples_the_same_tokens_with_the_lean_step():
         for (tok_a, lp_a), (tok_b, lp_b) in zip(plain[rid], lean[rid]):
             assert tok_a == tok_b
             assert abs(lp_a - lp_b).max() < 1e-5
+
+
+@torch.no_grad()
+def test_bf16_products_keep_the_logits_close_and_small_steps_exact():
+    """``matmul_dtype=bf16`` (generator.decode_matmul_dtype): a step of at least
+    LOW_PRECISION_MIN_ROWS rows multiplies the layers' weights in bf16 (logits within bf16's
+    rounding of float32's, not equal); a step of fewer rows is float32's exactly."""
+    from dapo_async.engines.hf_decode import LOW_PRECISION_MIN_ROWS
+
+    model = model_of("qwen2")
+    exact, mixed = LeanDecode(model), LeanDecode(model, torch.bfloat16)
+    assert LeanDecode(model, torch.float32).mm_dtype is None  # the model's own dtype
+    g = torch.Generator().manual_seed(0)
+    for rows in (LOW_PRECISION_MIN_ROWS - 1, LOW_PRECISION_MIN_ROWS + 8):
+        prompts = [torch.randint(2, 90, (int(n),), generator=g).tolist() for n in range(rows)]
+        prompts = [p or [3] for p in prompts]
+        cache_a, mask, logits = prefill(model, prompts)
+        cache_b, _, _ = prefill(model, prompts)
+        token_B = logits.argmax(-1)
+        mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], 1)
+        pos_B1 = mask.sum(-1, keepdim=True) - 1
+        ref = exact(token_B, pos_B1, bias_of(mask), cache_a)
+        got = mixed(token_B, pos_B1, bias_of(mask), cache_b)
+        diff = (got - ref).abs().max().item()
+        if rows < LOW_PRECISION_MIN_ROWS:
+            assert diff == 0.0
+        else:
+            assert 0.0 < diff < 0.05 * ref.abs().max().item(), diff
