@@ -9,7 +9,8 @@ threads, interleaved for ``--rounds`` rounds of ``--seconds`` each:
   sampling and bookkeeping included;
 - ``forward_tokens_per_s_lean`` / ``_plain``: the ceiling — decode steps alone on a full batch
   of ``max_inflight`` rows over a KV cache of the prompts' length plus half of
-  ``generator.max_tokens`` (rows × steps ÷ seconds; no sampling, no prefill, no row ever leaves);
+  ``generator.max_tokens`` (rows × steps ÷ seconds; no sampling, no prefill, no row ever leaves),
+  the lean one with the stream's ``generator.decode_matmul_dtype``;
 - ``*_of_ceiling``: stream ÷ forward for each, and ``lean_speedup`` = lean ÷ plain stream.
 
 A stream can beat its ceiling: rows leave the batch when they finish, so the tail of a drain
@@ -51,7 +52,7 @@ def forward_rate(engine, width: int, context: int, seconds: float, lean: bool) -
     from dapo_async.engines.hf_stream import _grow_in_place
 
     model = engine.model
-    step = LeanDecode(model) if lean else None
+    step = LeanDecode(model, engine.decode_matmul_dtype) if lean else None
     ids_BT = torch.randint(3, model.config.vocab_size, (width, context), device=engine.device)
     steps, t_total = 0, 0.0
     while t_total < seconds:
@@ -99,6 +100,7 @@ def run(cfg, seconds: float, rounds: int) -> dict:
     out.update(
         width=width, context=context, threads=torch.get_num_threads(), rounds=rounds,
         model=cfg.model.source_dir,
+        matmul_dtype=str(engine.decode_matmul_dtype or engine.model.dtype),
     )  # fmt: skip
     return out
 
