@@ -88,8 +88,8 @@ class GeneratorConfig:
         "auto",
         ("auto", "float32", "bfloat16"),
         auto="bfloat16 where the engine computes in float32 on a CPU with native bf16 matmuls "
-        "(AVX512-BF16, AMX: the long-tail decoder up to a quarter faster on a 2-core AMD EPYC, "
-        "never measured slower; docs/results.md), else generator.dtype",
+        "(AVX512-BF16, AMX: `bench decoder` up to ~15% faster on a 2-core AMD EPYC, within "
+        "its drift, never measured slower; docs/results.md), else generator.dtype",
     )
     decode_delay_s: float = F(
         0.0,
