@@ -5,7 +5,8 @@ replicates it, FSDP2 ``fully_shard``s every decoder layer and then makes it the 
 precision (parameters stay in their dtype — fp32 master weights — and compute runs in
 ``compute_dtype``: autocast for one rank and DDP, a ``MixedPrecisionPolicy`` with fp32 gradient
 reduction under FSDP2),
-activation checkpointing, the gradient-sync switch for micro-batch accumulation, the small
+activation checkpointing, the attention path of a bf16 model on a CPU (``attention.py``), the
+gradient-sync switch for micro-batch accumulation, the small
 collectives the trainer needs (sums and maxima of counts), and gathering full weights and optimizer
 state on rank 0 for checkpoints and weight sync.
 
@@ -21,6 +22,7 @@ import contextlib
 
 import torch
 
+from dapo_async.learner.attention import attention_for
 from dapo_async.learner.logprobs import ResponseLogProbs
 from dapo_async.learner.lora import is_lora, merged_state_dict
 
@@ -49,6 +51,7 @@ class Parallel:
         param_dtype = next(model.parameters()).dtype
         if compute_dtype not in (torch.bfloat16, torch.float16):
             compute_dtype = param_dtype  # full precision: compute in the parameters' own dtype
+        attention_for(model, compute_dtype)  # bf16 on a CPU: its own attention path
         self.rank = rank
         self.world_size = world_size
         self.fsdp = fsdp and world_size > 1

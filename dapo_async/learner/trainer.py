@@ -37,6 +37,7 @@ import torch
 from dapo_async.algo.objectives import make_objective
 from dapo_async.algo.schedules import lr_multiplier
 from dapo_async.config import AlgoConfig, LearnerConfig
+from dapo_async.learner.attention import attention_for
 from dapo_async.learner.batching import (
     MicroBatch,
     Rows,
@@ -90,6 +91,7 @@ class Trainer:
         if ref_model is not None:
             ref_model.eval()
             ref_model.requires_grad_(False)
+            attention_for(ref_model, next(ref_model.parameters()).dtype)
             self.ref_model = ResponseLogProbs(ref_model, lc.logprob_chunk_tokens)
         self.objective = make_objective(algo, max_tokens)
         # AdamW over the master weights (learner.param_dtype); fused kernels on GPUs
