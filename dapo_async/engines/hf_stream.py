@@ -47,6 +47,13 @@ KV_HEADROOM = 32
 GPU_HOST_CHECK = 8
 
 
+def _fresh_buffers(layer, rows: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty key and value buffers shaped like ``layer``'s, for ``rows`` rows and ``t`` time
+    slots plus KV_HEADROOM spare ones."""
+    _, h, _, d = layer.keys.shape
+    return tuple(x.new_empty((rows, h, t + KV_HEADROOM, d)) for x in (layer.keys, layer.values))
+
+
 def _grow_in_place(cache) -> None:
     """Make every layer of a transformers DynamicCache append into a preallocated buffer."""
     from transformers.cache_utils import DynamicLayer
@@ -66,9 +73,7 @@ def _grow_in_place(cache) -> None:
                 or buf[0].data_ptr() != self.keys.data_ptr()
             )
             if fresh:  # first append, rows changed, full, or keys replaced (merge/trim)
-                b, h, _, d = self.keys.shape
-                kb = self.keys.new_empty((b, h, t + n + KV_HEADROOM, d))
-                vb = self.values.new_empty((b, h, t + n + KV_HEADROOM, d))
+                kb, vb = _fresh_buffers(self, self.keys.shape[0], t + n)
                 kb[:, :, :t] = self.keys
                 vb[:, :, :t] = self.values
                 self._buf = buf = (kb, vb)
@@ -93,14 +98,11 @@ def _keep(cache, idx_B: torch.Tensor, start: int) -> None:
             layer.keys = layer.keys[idx_B, :, start:]
             layer.values = layer.values[idx_B, :, start:]
             continue
-        _, h, t, d = layer.keys.shape
-        t -= start
-        bufs = []
-        for old in (layer.keys, layer.values):
-            buf = old.new_empty((len(idx_B), h, t + KV_HEADROOM, d))
+        t = layer.keys.shape[-2] - start
+        bufs = _fresh_buffers(layer, len(idx_B), t)
+        for old, buf in zip((layer.keys, layer.values), bufs, strict=True):
             torch.index_select(old[:, :, start:], 0, idx_B, out=buf[:, :, :t])
-            bufs.append(buf)
-        layer._buf = tuple(bufs)
+        layer._buf = bufs
         layer.keys, layer.values = bufs[0][:, :, :t], bufs[1][:, :, :t]
 
 
