@@ -59,15 +59,18 @@ def low_precision_cpu_attention(
         return _sdpa()(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kw)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     p = dropout if module.training else 0.0
-    out_BHqD = explicit_attention(query, key, value, attention_mask, scale, p)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out_BHqD = explicit_attention(query, key, value, attention_mask, scale, p, causal)
     return out_BHqD.transpose(1, 2).contiguous(), None
 
 
-def explicit_attention(query_BHqD, key_BGkD, value_BGkD, mask, scale: float, dropout=0.0):
+def explicit_attention(
+    query_BHqD, key_BGkD, value_BGkD, mask, scale: float, dropout=0.0, causal=True
+):
     """softmax(q·kᵀ·scale + mask)·v with the softmax in fp32 (or the inputs' dtype if wider)
-    and the products in the inputs' (or autocast's) dtype. ``mask``: boolean ``[B, 1, Lq, ≥Lk]`` (True = attend), additive
-    float, or None = causal when Lq == Lk (a single query attends to every key). G key/value
-    heads each serve H ÷ G query heads."""
+    and the products in the inputs' (or autocast's) dtype. ``mask``: boolean ``[B, 1, Lq, ≥Lk]``
+    (True = attend), additive float, or None: causal (``causal``, Lq == Lk) or every key (one
+    query, or not causal). G key/value heads each serve H ÷ G query heads."""
     q_len, kv_len = query_BHqD.shape[2], key_BGkD.shape[2]
     groups = query_BHqD.shape[1] // key_BGkD.shape[1]
     if groups > 1:
@@ -82,7 +85,7 @@ def explicit_attention(query_BHqD, key_BGkD, value_BGkD, mask, scale: float, dro
             scores_BHqk = scores_BHqk.masked_fill(~mask, lowest)
         else:
             scores_BHqk = scores_BHqk + mask.to(scores_BHqk.dtype)
-    elif q_len > 1:
+    elif causal and q_len > 1:
         causal_qk = torch.ones(q_len, kv_len, dtype=torch.bool, device=scores_BHqk.device).tril()
         scores_BHqk = scores_BHqk.masked_fill(~causal_qk, lowest)
     probs_BHqk = torch.softmax(scores_BHqk, dim=-1)

@@ -50,6 +50,9 @@ def test_explicit_attention_equals_sdpa_for_every_mask_form():
     torch.testing.assert_close(
         explicit_attention(q, k, v, None, scale), _sdpa(q, k, v, causal=True)
     )
+    # no mask, not causal (an encoder's attention): every key
+    got = explicit_attention(q, k, v, None, scale, causal=False)
+    torch.testing.assert_close(got, _sdpa(q, k, v))
     # a single query (decoding): every key
     q1 = q[:, :, -1:]
     torch.testing.assert_close(explicit_attention(q1, k, v, None, scale), _sdpa(q1, k, v))
