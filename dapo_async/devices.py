@@ -6,6 +6,7 @@
 - ``resolve_dtype(name, device)``: ``auto`` → bfloat16 on CUDA, float32 on CPU.
   ``learner_compute_dtype(name, device)``: the same, except that ``auto`` is bfloat16 also on a
   CPU that multiplies bf16 matrices in hardware (``cpu_has_native_bf16``).
+  ``active_compute_dtype(device_type, default)``: autocast's dtype where it is on, else default.
   The learner keeps parameters and AdamW state in ``learner.param_dtype`` (fp32 master weights)
   and computes in ``learner.compute_dtype`` (autocast; FSDP2 uses a MixedPrecisionPolicy);
   engines run in ``generator.dtype``; weights travel in ``weight_sync.wire_dtype``.
@@ -99,6 +100,16 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
         if line.startswith("flags"):
             return bool(NATIVE_BF16_FLAGS & set(line.partition(":")[2].split()))
     return False
+
+
+def active_compute_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
+    """The dtype matrix products on ``device_type`` run in at this point: autocast's where it is
+    on, else ``default`` (the inputs' or the weights' own)."""
+    import torch
+
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return default
 
 
 def learner_compute_dtype(name: str, device: torch.device | str) -> torch.dtype:

@@ -55,6 +55,14 @@ def test_dtypes_resolve_per_device():
         devices.resolve_dtype("float8", "cpu")
 
 
+def test_active_compute_dtype_is_autocasts_where_it_is_on():
+    assert devices.active_compute_dtype("cpu", torch.float32) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert devices.active_compute_dtype("cpu", torch.float32) == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert devices.active_compute_dtype("cpu", torch.float64) == torch.float64
+
+
 def test_old_model_dtype_key_names_its_replacements():
     with pytest.raises(ValueError, match=r"learner\.param_dtype"):
         load_config(None, ["model.dtype=bfloat16"])

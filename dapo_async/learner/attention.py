@@ -1,12 +1,15 @@
 """The learner's attention when it computes in bf16 (or fp16) on a CPU.
 
 torch's CPU flash-attention kernel is slow in bf16 at short sequences, its backward above all.
-Forward + backward under bf16 autocast, 4 heads of 32, ~3,200 tokens a call (2-core AMD EPYC
-with AVX512-BF16, torch 2.13): at 50 positions the kernel took 30 ms, two plain bf16 matmuls
-around an fp32 softmax (``explicit_attention``) 6 ms; at 128, 27 vs 14; at 256, 24 vs 26; at
-1,024, 59 vs 188. The tiny policy's learner step spent ~40% of its time in that kernel (step
-0.42 → 0.24 s with the explicit path). ``attention_for`` registers
-``LOW_PRECISION_CPU_ATTENTION`` with transformers and points a model's config at it:
+A one-off forward + backward timing (not a repo command; bf16 autocast, 4 heads of 32, ~3,200
+tokens a call, 2-core AMD EPYC with AVX512-BF16, torch 2.13): at 50 positions the kernel took
+30 ms, two plain bf16 matmuls around an fp32 softmax (``explicit_attention``) 6 ms; at 128, 27
+vs 14; at 256, 24 vs 26; at 1,024, 59 vs 188. In the main job's learner the kernel's backward
+was the largest single cost of a step; with the explicit path `bash tools/train.sh`'s learner
+spends 0.21 s a step in forward and backward against 0.37 s (docs/results.md).
+
+``attention_for`` registers ``LOW_PRECISION_CPU_ATTENTION`` with transformers and points a
+model's config at it:
 
     keys ≤ EXPLICIT_MAX_KV:  scores = q·kᵀ (compute dtype) → mask → softmax in fp32 → · v
     otherwise, on a GPU, or in full precision: transformers' own sdpa path, unchanged
@@ -19,6 +22,8 @@ written by ``save_pretrained``), so checkpoints and weight sync are untouched.
 from __future__ import annotations
 
 import torch
+
+from dapo_async.devices import active_compute_dtype
 
 LOW_PRECISION_CPU_ATTENTION = "dapo_cpu_low_precision"
 # Longest key sequence that goes through the explicit matmuls: up to 128 they beat the
@@ -34,14 +39,6 @@ def _sdpa():
     return sdpa_attention_forward
 
 
-def _compute_dtype(query: torch.Tensor) -> torch.dtype:
-    """The dtype the matmuls run in: autocast's where it is on (rotary embeddings hand over
-    fp32 queries and keys even then), else the query's."""
-    if torch.is_autocast_enabled(query.device.type):
-        return torch.get_autocast_dtype(query.device.type)
-    return query.dtype
-
-
 def low_precision_cpu_attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw
 ):
@@ -50,7 +47,8 @@ def low_precision_cpu_attention(
     q_len, kv_len = query.shape[2], key.shape[2]
     explicit = (
         query.device.type == "cpu"
-        and _compute_dtype(query) in LOW_PRECISION
+        # autocast's dtype where it is on: rotary embeddings hand over fp32 queries even then
+        and active_compute_dtype(query.device.type, query.dtype) in LOW_PRECISION
         and kv_len <= EXPLICIT_MAX_KV
         and (attention_mask is not None or q_len in (1, kv_len))
         and kw.get("position_bias") is None

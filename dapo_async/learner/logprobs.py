@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from dapo_async.algo.entropy import entropy_from_logits
+from dapo_async.devices import active_compute_dtype
 
 
 def response_positions(resp_start_B: torch.Tensor, num_positions: int, seq_len: int):
@@ -182,11 +183,7 @@ class ResponseLogProbs(torch.nn.Module):
         idx_N = valid_BT.reshape(-1).nonzero().squeeze(-1)
         h_NH = h_BTH.reshape(b * t, -1).index_select(0, idx_N)
         targets_N = targets_BT.reshape(-1).index_select(0, idx_N)
-        dtype = (
-            torch.get_autocast_dtype(h_NH.device.type)
-            if torch.is_autocast_enabled(h_NH.device.type)
-            else head.weight.dtype
-        )
+        dtype = active_compute_dtype(h_NH.device.type, head.weight.dtype)
         logp_N, ent_N = HeadLogProbs.apply(
             h_NH, head.weight, targets_N, temperature, step, entropy == "metric", dtype
         )

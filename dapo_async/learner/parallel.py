@@ -22,7 +22,7 @@ import contextlib
 
 import torch
 
-from dapo_async.learner.attention import attention_for
+from dapo_async.learner.attention import LOW_PRECISION, attention_for
 from dapo_async.learner.logprobs import ResponseLogProbs
 from dapo_async.learner.lora import is_lora, merged_state_dict
 
@@ -49,7 +49,7 @@ class Parallel:
         # collectives of counts run where the model lives (NCCL needs CUDA tensors)
         self.device = next(model.parameters()).device
         param_dtype = next(model.parameters()).dtype
-        if compute_dtype not in (torch.bfloat16, torch.float16):
+        if compute_dtype not in LOW_PRECISION:
             compute_dtype = param_dtype  # full precision: compute in the parameters' own dtype
         attention_for(model, compute_dtype)  # bf16 on a CPU: its own attention path
         self.rank = rank
