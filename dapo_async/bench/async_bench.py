@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -62,6 +63,7 @@ from dapo_async.bench.common import (
     window_core_idle,
     window_phases,
     window_rates,
+    window_wait_floor,
 )
 from dapo_async.bench.options import DEFAULT_CONFIG, LONGTAIL_CONFIG
 from dapo_async.bench.stats import ks_two_sample, quantile
@@ -74,6 +76,7 @@ def steady_state(run_dir: Path, skip: int = 1) -> dict[str, float]:
     out = {
         **window_rates(start, window),
         **window_core_idle(run_dir, start, window),
+        "learner_wait_floor": window_wait_floor(run_dir, start, window, os.cpu_count() or 1),
         "steps": float(skip + len(window)),
         "staleness_mean": sum(r["staleness/mean"] for r in window) / len(window),
     }
@@ -173,6 +176,7 @@ def longtail_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         out[f"samples_per_s_{name}"] = r["samples_per_s"]
         out[f"learner_idle_{name}"] = r["learner_idle"]
         out[f"learner_core_idle_{name}"] = r["learner_core_idle"]
+        out[f"learner_wait_floor_{name}"] = r["learner_wait_floor"]
         out[f"spare_cpu_s_{name}"] = r["spare_cpu_s"]
         out[f"engine_occupancy_{name}"] = r["engine_occupancy"]
         out[f"heldout_after_{name}"] = r.get("heldout_after")
@@ -201,10 +205,12 @@ def _spread(out: dict, key: str, fmt: str = ".2f") -> str:
 
 
 def _core_idle(out: dict, suffix: str, prefix: str = "") -> str:
-    """With spare generators: the learner's core idle share beside its wait share."""
-    if not out.get(f"{prefix}spare_cpu_s{suffix}"):
-        return ""
-    return f", core idle {_spread(out, f'{prefix}learner_core_idle{suffix}')} (spares)"
+    """The floor of the learner's wait (``bench.common.window_wait_floor``) and, with spare
+    generators, the learner's core idle share, beside its wait share."""
+    text = f", floor {_spread(out, f'{prefix}learner_wait_floor{suffix}')}"
+    if out.get(f"{prefix}spare_cpu_s{suffix}"):
+        text += f", core idle {_spread(out, f'{prefix}learner_core_idle{suffix}')} (spares)"
+    return text
 
 
 def _phases(out: dict, key: Callable[[str], str]) -> str:
@@ -250,6 +256,7 @@ def default_round(args: argparse.Namespace, steps: int, root: Path) -> dict:
         "async_learner_idle": asyn["learner_idle"],
         "sync_learner_core_idle": sync["learner_core_idle"],
         "async_learner_core_idle": asyn["learner_core_idle"],
+        "async_learner_wait_floor": asyn["learner_wait_floor"],
         "sync_spare_cpu_s": sync["spare_cpu_s"],
         "async_spare_cpu_s": asyn["spare_cpu_s"],
         "async_staleness_mean": asyn["staleness_mean"],

@@ -157,6 +157,52 @@ def window_core_idle(run_dir: Path, start: dict, window: list[dict]) -> dict[str
     return {"spare_cpu_s": spare, "learner_core_idle": max(waited - spare, 0.0) / (t1 - t0)}
 
 
+def generators_busy_share(run_dir: Path, t0: float, t1: float) -> float:
+    """The generator cores' worth of work between wall times ``t0`` and ``t1``: per generator
+    (spares aside), the share of the reports bracketing the window it was not idle
+    (``generator/idle_s``), summed; a generator with fewer than two reports counts as busy
+    throughout."""
+    total = 0.0
+    for path in sorted((Path(run_dir) / "metrics").glob("*.jsonl")):
+        if path.stem.startswith("spare"):  # their CPU seconds: spare_cpu_s
+            continue
+        recs = [
+            (r["time"], r["generator/idle_s"]) for r in read_jsonl(path) if "generator/idle_s" in r
+        ]
+        if not recs:
+            continue
+        first = max((w for w, _ in recs if w <= t0), default=recs[0][0])
+        last = max((w for w, _ in recs if w <= t1), default=recs[0][0])
+        if last - first <= 0:
+            total += 1.0
+            continue
+        idle = _value_at(recs, last) - _value_at(recs, first)
+        total += min(max(1.0 - idle / (last - first), 0.0), 1.0)
+    return total
+
+
+def wait_floor(learner_busy_s: float, generation_s: float, cores: int) -> float:
+    """The share of a window the learner would still wait if the cores were split between the
+    roles perfectly: the learner computes on one core at most, so a window can shrink no
+    further than max(its own work, all the work ÷ cores). 1 − cores·L ÷ (L + G), never below 0
+    (G: the generators' core-seconds, L: the learner's)."""
+    total = learner_busy_s + generation_s
+    return max(0.0, 1.0 - cores * learner_busy_s / total) if total > 0 else 0.0
+
+
+def window_wait_floor(run_dir: Path, start: dict, window: list[dict], cores: int) -> float:
+    """``wait_floor`` over a ``learner_window``: the learner's busy seconds (the window less
+    its waits) against the generators' (``generators_busy_share`` of the window, plus the
+    spares' CPU seconds) on ``cores`` cores. The learner's idle share above it is the split's
+    doing (cores that follow the work can take it back); the floor itself is the work's: no
+    split removes it, only a faster generator, a slower learner or more cores."""
+    t0, t1 = start["time"], window[-1]["time"]
+    elapsed = t1 - t0
+    learner = elapsed - sum(r["time/wait_data_s"] for r in window)
+    generation = generators_busy_share(run_dir, t0, t1) * elapsed + spare_cpu_s(run_dir, t0, t1)
+    return wait_floor(learner, generation, cores)
+
+
 def collapsed_steps(run_dir: Path) -> list[int]:
     """The learner steps of a run flagged ``alert/sampled_drop`` (alerts.py: the sampled
     accuracy fell far below its best): a throughput figure over them measures dynamic sampling

@@ -42,6 +42,11 @@ from dapo_async.rollouts import Sample, info_means
 
 # Stream-mode metrics are reported at most this often (groups may finish every few ms).
 METRICS_EVERY_S = 1.0
+# A batch left to drain before new prompts start (``refill_at`` below the target: the CPU
+# default) asks for its next lease once this share of the target or fewer are in flight, and
+# starts the prompts the moment it is empty: the grant (a round trip through the buffer,
+# milliseconds on a busy machine) arrives while the last rows finish instead of after them.
+LEASE_AHEAD_AT = 0.25
 
 
 class StreamLoop(GeneratorSession):
@@ -57,8 +62,10 @@ class StreamLoop(GeneratorSession):
         super().__init__(*args, **kwargs)
         self.stream = stream
         self.target = inflight_target
-        # lease more once this many sequences or fewer are in flight (default: continuously)
+        # start new prompts once this many sequences or fewer are in flight (default:
+        # continuously); ask for them from ``ask_at`` on (LEASE_AHEAD_AT)
         self.refill_at = inflight_target if refill_at is None else refill_at
+        self.ask_at = max(self.refill_at, int(LEASE_AHEAD_AT * inflight_target))
         self.inflight_updates = inflight_updates
         # request id -> (lease id, prompt, ground truth, time added)
         self.inflight: dict[str, tuple[int, list[int], str, float]] = {}
@@ -129,16 +136,26 @@ class StreamLoop(GeneratorSession):
                 self.waiting.append((*item, g.min_version, now))
             if not g.prompt_ids:  # nothing admissible now: ask again after the hint
                 self.lease_due = now + max(g.wait_s, LEASE_POLL_S)
-        # a prompt starts once the engine holds weights the buffer allows (bounded wait)
-        while self.waiting and (
-            self.engine.version >= self.waiting[0][3] or now - self.waiting[0][4] > WEIGHTS_WAIT_S
+        # a prompt starts once the batch is down to refill_at and the engine holds weights the
+        # buffer allows (bounded wait)
+        admit = self.stream.num_inflight <= self.refill_at
+        while (
+            admit
+            and self.waiting
+            and (
+                self.engine.version >= self.waiting[0][3]
+                or now - self.waiting[0][4] > WEIGHTS_WAIT_S
+            )
         ):
             lease_id, prompt, truth, _, _ = self.waiting.popleft()
             self._start(f"{self.id}:{lease_id}", lease_id, prompt, truth, now)
         n = self.params.n
-        if self.stream.num_inflight + n * len(self.waiting) > self.refill_at:
+        if self.stream.num_inflight + n * len(self.waiting) > self.ask_at:
             return
-        free = (self.target - self.stream.num_inflight) // n - len(self.waiting)
+        # what will be in flight when these start: at most refill_at (a draining batch is
+        # asked for ahead of its end, its rows gone by then)
+        left = min(self.stream.num_inflight, self.refill_at)
+        free = (self.target - left) // n - len(self.waiting)
         if self.lease_pending and now - self.lease_due > LEASE_TIMEOUT_S:
             self.lease_pending = False  # lost (buffer restarting): ask again
         if free > 0 and not self.lease_pending and now >= self.lease_due:

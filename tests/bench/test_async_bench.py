@@ -105,6 +105,7 @@ def test_longtail_workload_measures_three_modes_in_one_run(tiny_model, tmp_path,
     for mode in ("sync", "batch", "stream"):
         assert r[f"samples_per_s_{mode}"] > 0
         assert 0 <= r[f"learner_idle_{mode}"] <= 1
+        assert 0 <= r[f"learner_wait_floor_{mode}"] <= 1
         assert 0 < r[f"engine_occupancy_{mode}"] <= 1
     for mode in ("batch", "stream"):
         assert 0 <= r[f"ks_len_{mode}"] <= 1 and 0 <= r[f"ks_p_{mode}"] <= 1
@@ -139,7 +140,7 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
             rate = {"sync": 10.0, "async": 19.0, "versus": 20.0}[name]
             return {"samples_per_s": rate, "learner_idle": 0.1, "staleness_mean": 0.5,
                     "learner_lent_s": 0.0, "generator_borrowed_s": 0.0,
-                    "learner_core_idle": 0.1, "spare_cpu_s": 0.0,
+                    "learner_core_idle": 0.1, "spare_cpu_s": 0.0, "learner_wait_floor": 0.04,
                     "filtered_token_share": 0.25, "stale_share": 0.02,
                     "phase1_learner_idle": 0.0,
                     "phase1_produced_per_qualified": 1.5, "phase2_learner_idle": 0.2,
@@ -159,6 +160,7 @@ def test_versus_runs_the_async_job_again_with_its_overrides_in_the_same_round():
     assert out["async_vs_versus"] == 19.0 / 20.0 and out["versus_samples_per_s"] == 20.0
     assert "with tracking.samples_per_step=0: 20.0 samples/s" in ab.default_summary(out)
     assert out["async_filtered_token_share"] == 0.25
+    assert "(learner idle 0.10, floor 0.04)" in ab.default_summary(out)
     assert "dropped by dynamic sampling 0.25" in ab.default_summary(out)
     assert out["async_stale_share"] == 0.02 and "dropped stale 0.020" in ab.default_summary(out)
     assert out["async_phase2_produced_per_qualified"] == 4.0

@@ -7,10 +7,13 @@ import pytest
 
 from dapo_async.bench.common import (
     collapsed_steps,
+    generators_busy_share,
     machine,
     spare_cpu_s,
+    wait_floor,
     window_core_idle,
     window_phases,
+    window_wait_floor,
 )
 
 
@@ -48,6 +51,44 @@ def test_without_spares_core_idle_is_the_learners_idle(tmp_path):
         "spare_cpu_s": 0.0,
         "learner_core_idle": 0.25,
     }
+
+
+def test_the_wait_floor_is_what_a_perfect_split_of_the_cores_would_leave():
+    # 2 cores, learner 6 s of work, generators 10 s: a window can shrink to 8 s, the learner
+    # busy 6 of them: it waits a quarter however the cores are split
+    assert wait_floor(6.0, 10.0, 2) == pytest.approx(0.25)
+    assert wait_floor(6.0, 6.0, 2) == 0.0  # balanced: nothing left to wait for
+    assert wait_floor(8.0, 4.0, 2) == 0.0  # the learner's own work sets the window
+    assert wait_floor(6.0, 10.0, 1) == pytest.approx(10 / 16)  # one core: roles take turns
+    assert wait_floor(0.0, 0.0, 2) == 0.0
+
+
+def test_generators_busy_share_is_each_generators_share_not_idle_summed(tmp_path):
+    metrics = tmp_path / "metrics"
+    # idle 1 s of the 10 between its reports at t=10 and t=20: busy 0.9
+    _write(metrics / "gen0-ab.jsonl", [
+        {"time": 5.0, "generator/idle_s": 4.0},
+        {"time": 10.0, "generator/idle_s": 4.5},
+        {"time": 20.0, "generator/idle_s": 5.5},
+        {"time": 30.0, "generator/idle_s": 9.0},
+    ])  # fmt: skip
+    # a second one that never idled; a spare (counted by its CPU seconds instead); the learner
+    _write(metrics / "gen1-cd.jsonl", [
+        {"time": 10.0, "generator/idle_s": 0.0}, {"time": 20.0, "generator/idle_s": 0.0},
+    ])  # fmt: skip
+    _write(metrics / "spare0-ef.jsonl", [{"time": 10.0, "generator/idle_s": 0.0}])
+    _write(metrics / "learner.jsonl", [{"time": 10.0, "time/wait_data_s": 1.0}])
+    assert generators_busy_share(tmp_path, 10.0, 20.0) == pytest.approx(0.9 + 1.0)
+    # one generator: learner busy 10 − 3 = 7 s, generation 0.9 × 10 = 9 s on 2 cores
+    start = {"time": 10.0}
+    window = [{"time": 15.0, "time/wait_data_s": 2.0}, {"time": 20.0, "time/wait_data_s": 1.0}]
+    (metrics / "gen1-cd.jsonl").unlink()
+    assert window_wait_floor(tmp_path, start, window, 2) == pytest.approx(1 - 2 * 7 / 16)
+    # a spare's CPU seconds count as generation: +2 s
+    _write(metrics / "spare0-ef.jsonl", [
+        {"time": 10.0, "cores/cpu_s": 1.0}, {"time": 20.0, "cores/cpu_s": 3.0},
+    ])  # fmt: skip
+    assert window_wait_floor(tmp_path, start, window, 2) == pytest.approx(1 - 2 * 7 / 18)
 
 
 def test_collapsed_steps_are_those_the_learner_flagged_sampled_drop(tmp_path):

@@ -24,7 +24,8 @@ def _loop(tiny_model):
     scorer = SimpleNamespace(component_names=("correct",))
     args = ("gen", eng, scorer, None, params, 1, 2.0)
     loop = make_loop(cfg, eng, args, {"rollout": load_rollout("")})
-    loop.refill_at = 0  # no lease requests: there is no buffer to ask
+    loop.ask_at = -1  # no lease requests: there is no buffer to ask
+    loop.refill_at = loop.target  # a grant starts at once, whatever is in flight
     return loop, eng
 
 
