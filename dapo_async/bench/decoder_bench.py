@@ -52,7 +52,11 @@ def forward_rate(engine, width: int, context: int, seconds: float, lean: bool) -
     from dapo_async.engines.hf_stream import _grow_in_place
 
     model = engine.model
-    step = LeanDecode(model, engine.decode_matmul_dtype) if lean else None
+    step = (
+        LeanDecode(model, engine.decode_matmul_dtype, kernel=engine.decode_attention_kernel)
+        if lean
+        else None
+    )
     ids_BT = torch.randint(3, model.config.vocab_size, (width, context), device=engine.device)
     steps, t_total = 0, 0.0
     while t_total < seconds:

@@ -80,6 +80,14 @@ class GeneratorConfig:
         "of engines/hf_decode.py (transformers' math without its module plumbing); false: "
         "transformers' forward.",
     )
+    compiled_attention: bool = F(
+        True,
+        "stream, hf engine, lean decode, CPU: each decode step's float32 attention in a small C "
+        "kernel (engines/decode_attention.c), built once per machine with the system's C "
+        "compiler ($CC, default cc) and cached under ~/.cache/dapo_async/kernels: ~2x torch's "
+        "batched products at the tiny policy's shapes (docs/results.md). Without a compiler, "
+        "or false, torch's products.",
+    )
     decode_matmul_dtype: str = Choice(
         "stream, hf engine, lean decode: the dtype of the decode step's weight matrix products "
         "(norms, rotary, attention, the KV cache and the logits stay in generator.dtype; at "

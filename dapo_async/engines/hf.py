@@ -42,6 +42,8 @@ class HFEngine:
         self.lean_decode = True
         # their weight products in this dtype (None: the model's; generator.decode_matmul_dtype)
         self.decode_matmul_dtype: torch.dtype | None = None
+        # their attention in the C kernel of engines/cpu_attention.py (generator.compiled_attention)
+        self.decode_attention_kernel = False
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:

@@ -16,6 +16,10 @@ The fused matrices are copies: they are rebuilt whenever a source weight changed
 (``Tensor._version``, which ``load_state_dict`` bumps), so new weights are never missed. The
 model's forward pre-hooks run before each step, as they would around ``model(...)``.
 
+With ``kernel`` (``generator.compiled_attention``, on a CPU) the attention of a float32 step
+runs in ``cpu_attention.py``'s C kernel (the same math in one pass per row and head), and
+through torch's products wherever that kernel does not apply or could not be built.
+
 With ``matmul_dtype`` (``generator.decode_matmul_dtype``: bf16 for a float32 model on a CPU
 with native bf16 matmuls) the four weight products of each layer take their inputs and a copy
 of the weights in that dtype and return to the model's; norms, rotary, attention, the KV cache
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from dapo_async.engines.cpu_attention import decode_attention
 
 # Architectures whose decoder layer is exactly: rmsnorm, attention with rotary (q/k/v with
 # optional bias), residual, rmsnorm, SwiGLU MLP, residual.
@@ -66,9 +72,11 @@ class LeanDecode:
             and hasattr(model, "lm_head")
         )
 
-    def __init__(self, model, matmul_dtype: torch.dtype | None = None):
+    def __init__(self, model, matmul_dtype: torch.dtype | None = None, kernel: bool = False):
         c = model.config
         self.model = model
+        # attention through engines/cpu_attention.py's C kernel where it applies
+        self.kernel = kernel
         # the layers' weight products in this dtype (None: the model's; module docstring)
         self.mm_dtype = None if matmul_dtype in (None, model.dtype) else matmul_dtype
         self.base = model.model
@@ -118,6 +126,10 @@ class LeanDecode:
         key/value head (grouped-query attention; head h reads KV head h // (H ÷ KV)) are the
         rows of one small matrix product, so nothing is repeated; two batched products and a
         softmax cost less than SDPA's CPU kernel, built for many queries, at one query a row."""
+        if self.kernel:  # None where it does not apply: the products below
+            out = decode_attention(q_BH1D, k_BKTD, v_BKTD, bias_B11T, self.scale)
+            if out is not None:
+                return out
         B, KV, D = q_BH1D.shape[0], k_BKTD.shape[1], q_BH1D.shape[-1]
         q_BKRD = q_BH1D.reshape(B, KV, -1, D)
         scores_BKRT = torch.matmul(q_BKRD, k_BKTD.transpose(-1, -2)).mul_(self.scale)

@@ -128,7 +128,11 @@ class HFStream:
         self.engine = engine
         # decode steps without transformers' plumbing where the architecture allows
         self.lean = (
-            LeanDecode(engine.model, engine.decode_matmul_dtype)
+            LeanDecode(
+                engine.model,
+                engine.decode_matmul_dtype,
+                kernel=getattr(engine, "decode_attention_kernel", False),
+            )
             if lean and LeanDecode.supports(engine.model)
             else None
         )

@@ -75,6 +75,7 @@ def engine_for(cfg, path: str):
         engine.decode_matmul_dtype = decode_matmul_dtype(
             g.decode_matmul_dtype, engine.model.dtype, engine.device
         )
+        engine.decode_attention_kernel = g.compiled_attention and engine.device.type == "cpu"
     if g.decode_delay_s > 0 and g.engine == "hf":
         delay = g.decode_delay_s
         engine.model.register_forward_pre_hook(lambda *_: spin(delay))

@@ -50,12 +50,13 @@ def bias_of(mask):
     return bias.masked_fill_(mask == 0, torch.finfo(torch.float32).min)[:, None, None, :]
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch-attention", "c-attention"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @torch.no_grad()
-def test_lean_steps_equal_transformers_forward(kind):
+def test_lean_steps_equal_transformers_forward(kind, kernel):
     model = model_of(kind)
     assert LeanDecode.supports(model)
-    lean = LeanDecode(model)
+    lean = LeanDecode(model, kernel=kernel)
     rows = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22]]  # left-padded to 5
     ref_cache, ref_mask, _ = prefill(model, rows)
     lean_cache, lean_mask, logits = prefill(model, rows)
@@ -76,6 +77,10 @@ def test_lean_steps_equal_transformers_forward(kind):
         ).logits[:, -1]
         logits = lean(token_B, pos_B1, bias_of(lean_mask), lean_cache)
         assert (logits - ref).abs().max() < 1e-5, (kind, step)
+    if kernel:  # the C kernel did the attention (cpu_attention.py), not the fallback
+        from dapo_async.engines.cpu_attention import kernel as c_kernel
+
+        assert c_kernel() is not None
 
 
 def test_other_architectures_keep_transformers_forward():
@@ -91,10 +96,11 @@ def test_other_architectures_keep_transformers_forward():
 class Engine:
     """The part of HFEngine the stream reads."""
 
-    def __init__(self, model):
+    def __init__(self, model, kernel=False):
         self.model, self.device, self.version = model, torch.device("cpu"), 0
         self.pad_id, self.eos_id = 0, 1
         self.decode_matmul_dtype = None
+        self.decode_attention_kernel = kernel
 
         class Tok:
             def decode(self, ids, skip_special_tokens=True):
@@ -108,8 +114,8 @@ def test_the_stream_samples_the_same_tokens_with_the_lean_step():
 
     params = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=12)
     outs = []
-    for lean in (False, True):
-        s = HFStream(Engine(model_of("llama")), chunk_tokens=4, seed=3, lean=lean)
+    for lean, kernel in ((False, False), (True, False), (True, True)):
+        s = HFStream(Engine(model_of("llama"), kernel), chunk_tokens=4, seed=3, lean=lean)
         assert (s.lean is not None) == lean
         s.add_request("a", [5, 6, 7], params)
         s.add_request("b", [9, 10], params)
@@ -117,11 +123,12 @@ def test_the_stream_samples_the_same_tokens_with_the_lean_step():
         while s.num_inflight:
             done += s.step()
         outs.append({rid: [(c.tokens.tolist(), c.logprobs) for c in cs] for rid, cs in done})
-    plain, lean = outs
-    for rid in plain:
-        for (tok_a, lp_a), (tok_b, lp_b) in zip(plain[rid], lean[rid]):
-            assert tok_a == tok_b
-            assert abs(lp_a - lp_b).max() < 1e-5
+    plain = outs[0]
+    for lean in outs[1:]:  # the lean step, with torch's attention and with the C kernel
+        for rid in plain:
+            for (tok_a, lp_a), (tok_b, lp_b) in zip(plain[rid], lean[rid]):
+                assert tok_a == tok_b
+                assert abs(lp_a - lp_b).max() < 1e-5
 
 
 @torch.no_grad()
