@@ -11,7 +11,10 @@ threads, interleaved for ``--rounds`` rounds of ``--seconds`` each:
   of ``max_inflight`` rows over a KV cache of the prompts' length plus half of
   ``generator.max_tokens`` (rows × steps ÷ seconds; no sampling, no prefill, no row ever leaves),
   the lean one with the stream's ``generator.decode_matmul_dtype``;
-- ``*_of_ceiling``: stream ÷ forward for each, and ``lean_speedup`` = lean ÷ plain stream.
+- ``*_of_ceiling``: stream ÷ forward for each, and ``lean_speedup`` = lean ÷ plain stream;
+- with ``generator.compiled_attention`` (on a CPU, the default), ``stream_tokens_per_s_torchattention``:
+  the lean stream again with torch's attention instead of the C kernel
+  (``engines/cpu_attention.py``), and ``attention_kernel_speedup`` = lean ÷ that.
 
 A stream can beat its ceiling: rows leave the batch when they finish, so the tail of a drain
 decodes fewer rows per step than the full batch the ceiling times.
@@ -88,14 +91,27 @@ def run(cfg, seconds: float, rounds: int) -> dict:
     params = sampling_params(cfg)
     width = cfg.generator.inflight_target
     context = sum(map(len, prompts)) // len(prompts) + params.max_tokens // 2
+    kernel = engine.decode_attention_kernel
     sums = {k: 0.0 for k in ("stream_lean", "stream_plain", "forward_lean", "forward_plain")}
+    if kernel:  # the lean step again with torch's attention: what the C kernel buys
+        sums["stream_torchattention"] = 0.0
     for lean in (True, False):  # warm-up: first-call costs
         stream_rate(engine, prompts, params, width, 0.5, lean)
     for _ in range(rounds):
         for lean, name in ((True, "lean"), (False, "plain")):
             sums[f"stream_{name}"] += stream_rate(engine, prompts, params, width, seconds, lean)
             sums[f"forward_{name}"] += forward_rate(engine, width, context, seconds / 2, lean)
+        if kernel:
+            engine.decode_attention_kernel = False
+            sums["stream_torchattention"] += stream_rate(
+                engine, prompts, params, width, seconds, True
+            )
+            engine.decode_attention_kernel = True
     out = {f"{k.split('_')[0]}_tokens_per_s_{k.split('_')[1]}": v / rounds for k, v in sums.items()}
+    if kernel:
+        out["attention_kernel_speedup"] = (
+            out["stream_tokens_per_s_lean"] / out["stream_tokens_per_s_torchattention"]
+        )
     for name in ("lean", "plain"):
         out[f"stream_of_ceiling_{name}"] = (
             out[f"stream_tokens_per_s_{name}"] / out[f"forward_tokens_per_s_{name}"]
@@ -124,7 +140,13 @@ def main(args: argparse.Namespace) -> int:
         f"{r['stream_tokens_per_s_lean']:.0f} tok/s ({r['stream_of_ceiling_lean']:.2f} of its "
         f"forward's {r['forward_tokens_per_s_lean']:.0f}), transformers forward "
         f"{r['stream_tokens_per_s_plain']:.0f} tok/s ({r['stream_of_ceiling_plain']:.2f} of "
-        f"{r['forward_tokens_per_s_plain']:.0f}); lean ×{r['lean_speedup']:.2f}",
+        f"{r['forward_tokens_per_s_plain']:.0f}); lean ×{r['lean_speedup']:.2f}"
+        + (
+            f"; its attention in C ×{r['attention_kernel_speedup']:.2f} (torch's products "
+            f"{r['stream_tokens_per_s_torchattention']:.0f} tok/s)"
+            if "attention_kernel_speedup" in r
+            else ""
+        ),
         r,
         args.json,
     )

@@ -20,6 +20,22 @@ def test_decoder_bench_reports_both_decoders_and_their_ceilings(tiny_model, repo
             r[f"stream_tokens_per_s_{name}"] / r[f"forward_tokens_per_s_{name}"]
         )
     assert r["lean_speedup"] > 0 and r["width"] == 4 * 8  # prompts_per_batch × responses
+    # the C attention kernel (on by default on a CPU) beside the lean step with torch's
+    assert r["attention_kernel_speedup"] == (
+        r["stream_tokens_per_s_lean"] / r["stream_tokens_per_s_torchattention"]
+    )
+    assert "its attention in C ×" in out.stdout + out.stderr  # the summary line
+
+
+def test_without_the_attention_kernel_there_is_nothing_to_compare(tiny_model, repo, cli_env):
+    out = run_cli(
+        repo, cli_env, "bench", "decoder", "--config", "configs/tiny_cpu.yaml",
+        f"model.path={tiny_model}", "generator.prompts_per_batch=2", "--seconds", "0.3",
+        "--rounds", "1", "generator.compiled_attention=false", "--json", timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "attention_kernel_speedup" not in r and "stream_tokens_per_s_torchattention" not in r
 
 
 def test_decoder_bench_refuses_vllm(repo, cli_env):
