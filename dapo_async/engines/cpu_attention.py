@@ -135,7 +135,10 @@ def applies(q_BH1D, k_BKTD, v_BKTD, bias_B11T) -> bool:
     value row contiguous, one bias row a batch row, whole query groups per KV head."""
     tensors = (q_BH1D, k_BKTD, v_BKTD, bias_B11T)
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        all(t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 4 for t in tensors)
+        and k_BKTD.shape == v_BKTD.shape
+        and q_BH1D.shape[0] == k_BKTD.shape[0] == bias_B11T.shape[0]
+        and q_BH1D.shape[-1] == k_BKTD.shape[-1]
         and k_BKTD.stride(-1) == 1
         and v_BKTD.stride(-1) == 1
         and bias_B11T.shape[1:3] == (1, 1)

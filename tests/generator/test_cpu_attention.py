@@ -62,6 +62,10 @@ def test_what_it_cannot_read_is_declined_not_misread():
         (q, k.transpose(-1, -2).contiguous().transpose(-1, -2), v, bias),  # rows not contiguous
         (q, k, v, bias[..., :-1]),  # a bias that does not cover every slot
         (q[:, :3], k, v, bias),  # 3 query heads over 4 KV heads
+        (q, k, v[:, :, :-1], bias),  # values for fewer slots than keys
+        (q[:1], k, v, bias),  # a query row short
+        (q[..., :16], k, v, bias),  # another head size
+        (q, k[0], v[0], bias),  # keys without their batch dimension
         (q.to("meta"), k.to("meta"), v.to("meta"), bias.to("meta")),  # not on a CPU
     ):
         assert not cpu_attention.applies(*args)
