@@ -22,15 +22,16 @@ def _write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _series(key, points):
+    """Metrics records of one counter: (time, value) pairs."""
+    return [{"time": t, key: v} for t, v in points]
+
+
 def test_core_idle_is_the_learners_wait_less_what_spares_computed_in_the_window(tmp_path):
     metrics = tmp_path / "metrics"
     # a spare's CPU time: 3 s of start-up before its first report, then +2 s between t=10 and 20
-    _write(metrics / "spare0-ab.jsonl", [
-        {"time": 5.0, "cores/cpu_s": 3.0},
-        {"time": 10.0, "cores/cpu_s": 3.5},
-        {"time": 20.0, "cores/cpu_s": 5.5},
-        {"time": 30.0, "cores/cpu_s": 9.0},
-    ])  # fmt: skip
+    points = [(5.0, 3.0), (10.0, 3.5), (20.0, 5.5), (30.0, 9.0)]
+    _write(metrics / "spare0-ab.jsonl", _series("cores/cpu_s", points))
     _write(metrics / "gen0-cd.jsonl", [{"time": 10.0, "cores/cpu_s": 100.0}])  # not a spare
     assert spare_cpu_s(tmp_path, 10.0, 20.0) == pytest.approx(2.0)
     assert spare_cpu_s(tmp_path, 0.0, 20.0) == pytest.approx(2.5)  # start-up is not counted
@@ -66,16 +67,10 @@ def test_the_wait_floor_is_what_a_perfect_split_of_the_cores_would_leave():
 def test_generators_busy_share_is_each_generators_share_not_idle_summed(tmp_path):
     metrics = tmp_path / "metrics"
     # idle 1 s of the 10 between its reports at t=10 and t=20: busy 0.9
-    _write(metrics / "gen0-ab.jsonl", [
-        {"time": 5.0, "generator/idle_s": 4.0},
-        {"time": 10.0, "generator/idle_s": 4.5},
-        {"time": 20.0, "generator/idle_s": 5.5},
-        {"time": 30.0, "generator/idle_s": 9.0},
-    ])  # fmt: skip
+    points = [(5.0, 4.0), (10.0, 4.5), (20.0, 5.5), (30.0, 9.0)]
+    _write(metrics / "gen0-ab.jsonl", _series("generator/idle_s", points))
     # a second one that never idled; a spare (counted by its CPU seconds instead); the learner
-    _write(metrics / "gen1-cd.jsonl", [
-        {"time": 10.0, "generator/idle_s": 0.0}, {"time": 20.0, "generator/idle_s": 0.0},
-    ])  # fmt: skip
+    _write(metrics / "gen1-cd.jsonl", _series("generator/idle_s", [(10.0, 0.0), (20.0, 0.0)]))
     _write(metrics / "spare0-ef.jsonl", [{"time": 10.0, "generator/idle_s": 0.0}])
     _write(metrics / "learner.jsonl", [{"time": 10.0, "time/wait_data_s": 1.0}])
     assert generators_busy_share(tmp_path, 10.0, 20.0) == pytest.approx(0.9 + 1.0)
@@ -85,9 +80,7 @@ def test_generators_busy_share_is_each_generators_share_not_idle_summed(tmp_path
     (metrics / "gen1-cd.jsonl").unlink()
     assert window_wait_floor(tmp_path, start, window, 2) == pytest.approx(1 - 2 * 7 / 16)
     # a spare's CPU seconds count as generation: +2 s
-    _write(metrics / "spare0-ef.jsonl", [
-        {"time": 10.0, "cores/cpu_s": 1.0}, {"time": 20.0, "cores/cpu_s": 3.0},
-    ])  # fmt: skip
+    _write(metrics / "spare0-ef.jsonl", _series("cores/cpu_s", [(10.0, 1.0), (20.0, 3.0)]))
     assert window_wait_floor(tmp_path, start, window, 2) == pytest.approx(1 - 2 * 7 / 18)
 
 
