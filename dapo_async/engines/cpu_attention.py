@@ -14,9 +14,10 @@ AMD EPYC, docs/results.md).
     the kernel does not apply (not a float32 CPU tensor, a key/value layout it cannot read in
     place) or could not be built: the caller computes it with torch then
 
-Build (the first call in a process, ~0.1 s, or a cached library): ``$CC`` (default ``cc``)
+Build (the first call in a process, ~0.2 s, or a cached library): ``$CC`` (default ``cc``)
 with -O3 -march=native -ffast-math (vectorised loops, glibc's vector exp: libmvec) and, where
-the compiler refuses a flag, fewer flags. The library goes to ``$DAPO_ASYNC_KERNEL_CACHE`` (or
+the compiler refuses a flag, fewer flags; linked without -ffast-math (``_compile``: the process
+that loads the library keeps IEEE subnormals). The library goes to ``$DAPO_ASYNC_KERNEL_CACHE`` (or
 ``$XDG_CACHE_HOME/dapo_async/kernels``, ``~/.cache/...``) under a key that hashes the source,
 the compiler's version, the flags and this CPU's model and flags (a library built for one CPU
 must not run on another that shares the home directory); it is written under a temporary name
@@ -52,6 +53,8 @@ FLAG_SETS = (
 )
 # A compiler that has not finished in this long is not waited for (the torch path runs).
 BUILD_TIMEOUT_S = 60.0
+# How ``_compile`` builds, part of the cache key: a library built another way is not reused.
+RECIPE = b"2: compile -c with the flags, link -shared without them"
 
 _loaded: dict[str, object] = {}  # "fn": the ctypes function, or None after a failed build
 
@@ -92,7 +95,8 @@ def build(cc: str | None = None) -> Path:
     for flags in FLAG_SETS:
         key = hashlib.sha256(
             b"\0".join(
-                [source, version.encode(), " ".join(flags).encode(), _cpu_signature().encode()]
+                [RECIPE, source, version.encode(), " ".join(flags).encode()]
+                + [_cpu_signature().encode()]
             )
         ).hexdigest()[:16]
         lib = cache_dir() / key / "decode_attention.so"
@@ -101,21 +105,37 @@ def build(cc: str | None = None) -> Path:
         lib.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib.parent)
         os.close(fd)
-        libs = [f for f in flags if f.startswith("-l")]
-        opts = [f for f in flags if not f.startswith("-l")]
-        cmd = [cc, *opts, "-fPIC", "-shared", str(SOURCE), "-o", tmp, *libs, "-lm"]
+        error = _compile(cc, flags, tmp)
+        if error is None:
+            os.replace(tmp, lib)  # atomic: a concurrent builder's library is the same
+            return lib
+        for path in (tmp, tmp + ".o"):
+            if os.path.exists(path):
+                os.unlink(path)
+        errors.append(f"{' '.join(flags)}: {error}")
+    raise RuntimeError("the decode attention kernel did not build: " + " | ".join(errors))
+
+
+def _compile(cc: str, flags: tuple[str, ...], out: str) -> str | None:
+    """Compile SOURCE with ``flags`` into the shared library ``out``; the error, or None.
+    Compiled and linked in two commands: a link with -ffast-math adds crtfastmath, whose
+    constructor sets flush-to-zero for the whole process that loads the library (every
+    float op of torch and numpy there would lose subnormals); the compile alone does not."""
+    libs = [f for f in flags if f.startswith("-l")]
+    opts = [f for f in flags if not f.startswith("-l")]
+    steps = (
+        [cc, *opts, "-fPIC", "-c", str(SOURCE), "-o", out + ".o"],
+        [cc, "-shared", out + ".o", "-o", out, *libs, "-lm"],
+    )
+    for cmd in steps:
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         except (OSError, subprocess.SubprocessError) as e:
-            res = None
-            errors.append(f"{' '.join(flags)}: {e}")
-        if res is not None and res.returncode == 0:
-            os.replace(tmp, lib)  # atomic: a concurrent builder's library is the same
-            return lib
-        os.unlink(tmp)
-        if res is not None:
-            errors.append(f"{' '.join(flags)}: {res.stderr.strip()[-300:]}")
-    raise RuntimeError("the decode attention kernel did not build: " + " | ".join(errors))
+            return str(e)
+        if res.returncode != 0:
+            return res.stderr.strip()[-300:]
+    os.unlink(out + ".o")
+    return None
 
 
 def kernel():

@@ -8,7 +8,10 @@ reused, keyed by this CPU."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,6 +73,25 @@ def test_what_it_cannot_read_is_declined_not_misread():
     ):
         assert not cpu_attention.applies(*args)
         assert cpu_attention.decode_attention(*args, 0.1) is None
+
+
+def test_loading_the_kernel_leaves_the_process_floating_point_as_it_was(tmp_path):
+    """-ffast-math at link time adds crtfastmath, which switches the loading process to
+    flush-to-zero: every float op of torch and numpy there would lose subnormals. A fresh
+    process, so that nothing loaded before hides it."""
+    code = (
+        "import sys, torch\n"
+        "from dapo_async.engines import cpu_attention\n"
+        "assert cpu_attention.kernel() is not None\n"
+        "tiny = torch.tensor([1e-40]) * 1.0\n"
+        "print(sys.float_info.min / 2 > 0, bool(tiny.item() > 0))\n"
+    )
+    env = {**os.environ, "DAPO_ASYNC_KERNEL_CACHE": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["True", "True"]  # subnormals survive, in Python and torch
 
 
 def test_a_built_library_is_reused_and_keyed_by_this_cpu(tmp_path, monkeypatch):
