@@ -90,15 +90,11 @@ def build(cc: str | None = None) -> Path:
         version = _compiler_version(cc)
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"no C compiler ({cc}: {e})") from e
-    source = SOURCE.read_bytes()
+    # what every flag set's key shares: the recipe, the source, the compiler, this CPU
+    common = [RECIPE, SOURCE.read_bytes(), version.encode(), _cpu_signature().encode()]
     errors = []
     for flags in FLAG_SETS:
-        key = hashlib.sha256(
-            b"\0".join(
-                [RECIPE, source, version.encode(), " ".join(flags).encode()]
-                + [_cpu_signature().encode()]
-            )
-        ).hexdigest()[:16]
+        key = hashlib.sha256(b"\0".join([*common, " ".join(flags).encode()])).hexdigest()[:16]
         lib = cache_dir() / key / "decode_attention.so"
         if lib.exists():
             return lib
