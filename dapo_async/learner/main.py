@@ -16,7 +16,7 @@ import sys
 from dapo_async.config import load_config
 from dapo_async.config.paths import check_model_dirs
 from dapo_async.hub import resolve_paths
-from dapo_async.roles import StopFlag, set_threads, setup_logging
+from dapo_async.roles import StopFlag, leave_world_and_exit, set_threads, setup_logging
 
 
 def _dist_env() -> tuple[int, int]:
@@ -44,7 +44,10 @@ def main(args: argparse.Namespace) -> int:
         learner.close()
     version = learner.trainer.version if hasattr(learner, "trainer") else 0
     log.info("learner stopped at version %d (%s)", version, stop.reason or "done")
-    return 130 if stop else 0
+    code = 130 if stop else 0
+    if world > 1:
+        leave_world_and_exit(code)  # roles.py says why not through the interpreter's teardown
+    return code
 
 
 if __name__ == "__main__":

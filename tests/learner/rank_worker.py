@@ -14,6 +14,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner_helpers import aligned_shard, build_trainer, make_config, synthetic_groups
 
+from dapo_async.roles import leave_world_and_exit
+
 GROUPS_PER_STEP = 8
 
 
@@ -39,12 +41,8 @@ def main() -> None:
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in full.items()}, out)
     if world > 1:
-        import torch.distributed as dist
-
-        # leave together: a rank tearing its gloo pairs down while the other still writes its
-        # result was seen to abort the other ("terminate called without an active exception")
-        dist.barrier()
-        dist.destroy_process_group()
+        # together, and past the interpreter's teardown, where a gloo rank was seen to abort
+        leave_world_and_exit(0)
 
 
 if __name__ == "__main__":
