@@ -105,9 +105,7 @@ def build(cc: str | None = None) -> Path:
         if error is None:
             os.replace(tmp, lib)  # atomic: a concurrent builder's library is the same
             return lib
-        for path in (tmp, tmp + ".o"):
-            if os.path.exists(path):
-                os.unlink(path)
+        os.unlink(tmp)
         errors.append(f"{' '.join(flags)}: {error}")
     raise RuntimeError("the decode attention kernel did not build: " + " | ".join(errors))
 
@@ -123,15 +121,18 @@ def _compile(cc: str, flags: tuple[str, ...], out: str) -> str | None:
         [cc, *opts, "-fPIC", "-c", str(SOURCE), "-o", out + ".o"],
         [cc, "-shared", out + ".o", "-o", out, *libs, "-lm"],
     )
-    for cmd in steps:
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        except (OSError, subprocess.SubprocessError) as e:
-            return str(e)
-        if res.returncode != 0:
-            return res.stderr.strip()[-300:]
-    os.unlink(out + ".o")
-    return None
+    try:
+        for cmd in steps:
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError) as e:
+                return str(e)
+            if res.returncode != 0:
+                return res.stderr.strip()[-300:]
+        return None
+    finally:
+        if os.path.exists(out + ".o"):  # the object file is this function's alone
+            os.unlink(out + ".o")
 
 
 def kernel():
