@@ -299,6 +299,22 @@ def test_a_process_that_does_not_lead_its_session_leaves_the_sessions_group_alon
     assert res.stdout.strip() == "False", res.stderr  # our session: pytest's, not its own
 
 
+def test_a_spare_decodes_a_quarter_of_a_generators_sequences_in_whole_prompts():
+    from dapo_async.config import load_config
+    from dapo_async.generator.build import spare_width
+
+    def width(*overrides):
+        base = ["generator.responses_per_prompt=8", "generator.prompts_per_batch=15"]
+        return spare_width(load_config("configs/tiny_longtail.yaml", base + list(overrides)))
+
+    assert width() == 24  # 15 prompts × 8 = 120: a quarter is 30, three whole prompts
+    assert width("generator.max_inflight=192") == 48
+    assert width("launch.spare_max_inflight=0") == 120  # a generator's width
+    assert width("launch.spare_max_inflight=20") == 16
+    assert width("launch.spare_max_inflight=3") == 8  # at least one prompt
+    assert width("launch.spare_max_inflight=999") == 120  # never wider than a generator
+
+
 def test_spare_generators_are_refused_where_they_cannot_work():
     from dapo_async.config import ConfigError, load_config
 
@@ -331,10 +347,10 @@ def test_a_spare_generator_decodes_while_the_learner_waits(tiny_model, tmp_path,
     assert out.returncode == 0, out.stderr[-3000:]
     assert last_json(out)["steps"] == 8
     # SCHED_IDLE, plus ", autogroup nice 19" where the kernel has autogroups
-    assert (
-        "spare generator: decodes on lent cores only (SCHED_IDLE"
-        in (run / "logs" / "spare0.log").read_text()
-    )
+    spare_log = (run / "logs" / "spare0.log").read_text()
+    assert "spare generator: decodes on lent cores only (SCHED_IDLE" in spare_log
+    # launch.spare_max_inflight's auto: a quarter of the generator's 16 sequences (4 × 4)
+    assert "), 4 sequences" in spare_log
     final = json.loads(next((run / "generators").glob("spare0-*.json")).read_text())
     # acked and trained like any generator's (a group it sends as the run stops, at idle
     # priority after the buffer's exit, goes unacked: the run needs no more)

@@ -65,6 +65,17 @@ class LaunchConfig:
         ge=0,
         le=1,
     )
+    spare_max_inflight: int = F(
+        -1,
+        "Sequences a spare generator decodes at once, in whole prompts (stream mode; batch "
+        "mode: its batch). A spare decodes only while the learner waits, so a batch as wide as "
+        "a generator's takes several learner steps to finish and its groups go stale (the "
+        "buffer drops them) or restart. -1 = auto: a quarter of generator.inflight_target, at "
+        "least one prompt (the slow long-tail run on a 2-core EPYC: learner idle 0.15 at 32 of "
+        "128 sequences, 0.17 at 16 and at 64, 0.21 at 128; docs/results.md); 0 = a "
+        "generator's width.",
+        ge=-1,
+    )
     restart_roles: bool = F(
         True,
         "Restart a buffer that dies (from its write-ahead log, needs buffer.wal) and a learner "

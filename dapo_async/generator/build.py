@@ -43,6 +43,33 @@ def connect_weights(cfg, engine, gen_id: str, timeout_s: float) -> WeightReceive
     return make_receiver(cfg, run_dir, gen_id, connect_timeout_s=timeout_s)
 
 
+# launch.spare_max_inflight's auto: a spare keeps this fraction of a generator's sequences.
+SPARE_WIDTH_FRACTION = 0.25
+
+
+def spare_width(cfg) -> int:
+    """Sequences a spare generator keeps decoding (``launch.spare_max_inflight``), in whole
+    prompts of ``generator.responses_per_prompt``, at least one."""
+    g, want = cfg.generator, cfg.launch.spare_max_inflight
+    if want == 0:
+        return g.inflight_target
+    if want < 0:
+        want = int(g.inflight_target * SPARE_WIDTH_FRACTION)
+    n = g.responses_per_prompt
+    return max(1, min(want, g.inflight_target) // n) * n
+
+
+def generator_width(cfg, spare: bool) -> tuple[int, int]:
+    """(sequences a stream-mode loop keeps in flight, prompts a batch-mode lease asks for): a
+    generator's, or a spare's (``spare_width``: it decodes only while the learner waits, and its
+    groups must still finish within the staleness bound)."""
+    g = cfg.generator
+    if not spare:
+        return g.inflight_target, g.prompts_per_batch
+    width = spare_width(cfg)
+    return width, width // g.responses_per_prompt
+
+
 def refill_sequences(g) -> int:
     """Sequences in flight at or below which a stream-mode generator leases more
     (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA, drain on CPU)."""

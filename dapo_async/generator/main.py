@@ -23,6 +23,7 @@ from dapo_async.generator.build import (
     connect_buffer,
     connect_weights,
     engine_for,
+    generator_width,
     refill_sequences,
     sampling_params,
 )
@@ -56,11 +57,9 @@ def main(args: argparse.Namespace) -> int:
     stop = StopFlag().install()
     set_threads(cfg.launch.torch_threads)
     spare = getattr(args, "spare", False)
-
     run_dir = cfg.resolved_run_dir
     engine = engine_for(cfg, cfg.model.source_dir)
     scorer = make_scorer(cfg, run_dir, stop)
-
     endpoint = cfg.launch.buffer_endpoint or read_endpoint(run_dir, "buffer", stop=stop)
     weights = ReconnectingReceiver(lambda t: connect_weights(cfg, engine, gen_id, t), engine, log)
 
@@ -69,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     meter = ResourceMeter(lambda: weights.bytes)  # CPU, memory, bytes moved: resources/*
     g = cfg.generator
     share = core_share(cfg, gen_id, engine, spare, stop)
-    args = (gen_id, engine, scorer, sock, sampling_params(cfg), g.prompts_per_batch, g.heartbeat_s)
+    width, prompts = generator_width(cfg, spare)  # a spare's: launch.spare_max_inflight
+    args = (gen_id, engine, scorer, sock, sampling_params(cfg), prompts, g.heartbeat_s)
     kwargs = dict(
         poll_weights=weights.poll,
         # step = the weights version the engine holds (wall time is each record's "time")
@@ -80,11 +80,12 @@ def main(args: argparse.Namespace) -> int:
         rollout=rollout,  # one episode (dapo_async.rollouts)
         turn_updates=g.inflight_updates,
     )
-    loop = make_loop(cfg, engine, args, kwargs)
+    loop = make_loop(cfg, engine, args, kwargs, width)
     if share is not None:  # a parked spare heartbeats and takes weight rounds
         share.keepalive = loop.on_parked
     if spare:  # start-up done at normal priority; every thread (torch, ZeroMQ) lowered now
-        log.info("spare generator: decodes on lent cores only (%s)", cores.lower_priority())
+        lowered = cores.lower_priority()
+        log.info("spare generator: decodes on lent cores only (%s), %d sequences", lowered, width)
     log.info("generator %s (pid %d) connected to %s", gen_id, os.getpid(), endpoint)
     try:
         counters = loop.run(stop)
@@ -120,9 +121,11 @@ def core_share(cfg, gen_id: str, engine, spare: bool, stop):
     return share
 
 
-def make_loop(cfg, engine, args: tuple, kwargs: dict):
-    """The generator's loop: streaming (``generator.mode=stream``) or batch."""
+def make_loop(cfg, engine, args: tuple, kwargs: dict, width: int | None = None):
+    """The generator's loop: streaming (``generator.mode=stream``: ``width`` sequences in
+    flight, default ``generator.inflight_target``) or batch."""
     g = cfg.generator
+    width = width or g.inflight_target
     if g.mode != "stream":
         return GeneratorLoop(*args, **kwargs)
     # the rollout function's episodes (single_turn by default), their turns on the engine's stream
@@ -130,8 +133,8 @@ def make_loop(cfg, engine, args: tuple, kwargs: dict):
     return StreamLoop(
         *args,
         stream=EpisodeStream(inner, kwargs["rollout"], engine),
-        inflight_target=g.inflight_target,
+        inflight_target=width,
         inflight_updates=g.inflight_updates,
-        refill_at=refill_sequences(g),
+        refill_at=min(refill_sequences(g), width),
         **kwargs,
     )

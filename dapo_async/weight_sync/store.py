@@ -127,6 +127,12 @@ class _KVStore(dist.Store):
     def check(self, keys: list[str]) -> bool:
         return self._apply("check", list(keys))[0]
 
+    def peek(self, key: str) -> bytes | None:
+        """``key``'s value, or None when it is not set: one request (``check`` then ``get``
+        take two, and ``get`` waits for the key)."""
+        found, value = self._apply("get", [key])
+        return value if found else None
+
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._wait_for(list(keys), self.timeout_s if timeout is None else timeout.total_seconds())
 

@@ -35,6 +35,10 @@ def test_operations_through_an_authenticated_connection(keyed_server):
         assert store.get("n") == b"5"
         assert store.check(["a", "n"]) and not store.check(["a", "missing"])
         assert store.delete_key("a") and not store.check(["a"])
+        # peek: one request, None for a missing key (get would wait for it)
+        sent = store._next_id
+        assert store.peek("missing") is None and store.peek("n") == b"5"
+        assert store._next_id - sent == 2
         # a get waits for the key; another client sets it meanwhile
         threading.Timer(0.3, lambda: server.local().set("late", "x")).start()
         assert store.get("late") == b"x"
