@@ -71,9 +71,9 @@ class LaunchConfig:
         "mode: its batch). A spare decodes only while the learner waits, so a batch as wide as "
         "a generator's takes several learner steps to finish and its groups go stale (the "
         "buffer drops them) or restart. -1 = auto: a quarter of generator.inflight_target, at "
-        "least one prompt (the slow long-tail run on a 2-core EPYC: learner idle 0.15 at 32 of "
-        "128 sequences, 0.17 at 16 and at 64, 0.21 at 128; docs/results.md); 0 = a "
-        "generator's width.",
+        "least one prompt (the slow long-tail run on a 2-core EPYC, 192 sequences: learner idle "
+        "0.16 and 0.14 at 48, 0.19 and 0.20 at 192, with fewer of the spare's groups stale; "
+        "docs/results.md); 0 = a generator's width.",
         ge=-1,
     )
     restart_roles: bool = F(
