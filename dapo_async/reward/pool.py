@@ -139,9 +139,8 @@ class _Scoring:
         self.results: list[dict | None] = [None] * len(items)
         self.todo = deque(range(len(items)))
         self.queued: list[deque[int]] = [deque() for _ in range(n)]  # sent, unanswered
-        self.nbytes = [0] * n  # their request bytes
         self.deadline = [0.0] * n  # of each worker's first queued item
-        self.sizes: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}  # request bytes of each item sent
         self.depth = min(PIPELINE_DEPTH, -(-len(items) // n))  # every worker gets some
 
     def run(self) -> list[dict]:
@@ -167,7 +166,8 @@ class _Scoring:
         while self.todo and len(queue) < self.depth:
             i = self.todo[0]
             payload = json.dumps([i, *self.items[i]]).encode()
-            if queue and self.nbytes[k] + len(payload) > PIPELINE_BYTES:
+            queued_bytes = sum(self.sizes[j] for j in queue)
+            if queue and queued_bytes + len(payload) > PIPELINE_BYTES:
                 return
             try:
                 conn.send_bytes(payload)
@@ -182,7 +182,6 @@ class _Scoring:
                 self.deadline[k] = time.monotonic() + self.pool.timeout_s
             queue.append(i)
             self.sizes[i] = len(payload)
-            self.nbytes[k] += len(payload)
 
     def read(self, k: int) -> None:
         """Every reply worker k has ready (one wake-up for many), or its crash."""
@@ -199,7 +198,6 @@ class _Scoring:
     def settle(self, k: int, i: int, res: dict) -> None:
         assert self.queued[k][0] == i, "a reward worker answers its items in order"
         self.queued[k].popleft()
-        self.nbytes[k] -= self.sizes[i]
         self.results[i] = res
         if res.get("tag") in self.pool.counters:
             self.pool.counters[res["tag"]] += 1
@@ -211,5 +209,4 @@ class _Scoring:
         self.settle(k, self.queued[k][0], {**FAILURE, "tag": tag})
         self.todo.extendleft(reversed(self.queued[k]))
         self.queued[k].clear()
-        self.nbytes[k] = 0
         self.pool._replace(k)

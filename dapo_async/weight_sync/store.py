@@ -116,8 +116,8 @@ class _KVStore(dist.Store):
 
     def get(self, key: str) -> bytes:
         self._wait_for([key], self.timeout_s)
-        found, value = self._apply("get", [key])
-        if not found:  # deleted between the wait and the read
+        value = self.peek(key)
+        if value is None:  # deleted between the wait and the read
             raise StoreError(f"weight-sync store: key {key!r} vanished")
         return value
 
