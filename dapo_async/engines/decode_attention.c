@@ -44,14 +44,26 @@ static inline __attribute__((always_inline)) void one_head(
 
 /* the head size as a compile-time constant where it is a common one: the loops over it unroll
  * and vectorise */
+/* The first slot of a row's bias that is not masked (-FLT_MAX, the stream's padding), 0 if
+ * every slot is: a row that joined a running batch is left-padded to its length, and skipping
+ * the padding is exact (each masked slot's exp underflows to 0 against any unmasked one). */
+static inline int64_t first_unmasked(const float *bias, int64_t T) {
+    for (int64_t t = 0; t < T; t++)
+        if (bias[t] != -FLT_MAX) return t;
+    return 0;
+}
+
 #define EVERY_HEAD(D_CONST)                                                                    \
-    for (int64_t b = 0; b < B; b++)                                                            \
+    for (int64_t b = 0; b < B; b++) {                                                          \
+        const float *bias_b0 = bias + b * bias_b;                                              \
+        int64_t t0 = first_unmasked(bias_b0, T);                                               \
         for (int64_t h = 0; h < H; h++) {                                                      \
             int64_t g = h / (H / KV);                                                          \
-            one_head(q + (b * H + h) * D, k + b * k_b + g * k_h, v + b * v_b + g * v_h,        \
-                     bias + b * bias_b, out + (b * H + h) * D, scratch, T, D_CONST, k_t, v_t,  \
-                     scale);                                                                   \
-        }
+            one_head(q + (b * H + h) * D, k + b * k_b + g * k_h + t0 * k_t,                    \
+                     v + b * v_b + g * v_h + t0 * v_t, bias_b0 + t0, out + (b * H + h) * D,   \
+                     scratch, T - t0, D_CONST, k_t, v_t, scale);                               \
+        }                                                                                      \
+    }
 
 void decode_attention(const float *q, const float *k, const float *v, const float *bias,
                       float *out, float *scratch, int64_t B, int64_t H, int64_t KV, int64_t T,

@@ -106,6 +106,27 @@ def _keep(cache, idx_B: torch.Tensor, start: int) -> None:
         layer.keys, layer.values = bufs[0][:, :, :t], bufs[1][:, :, :t]
 
 
+@torch.no_grad()
+def _join(layer, other, width: int) -> None:
+    """Append ``other``'s rows to ``layer``'s keys and values, each right-aligned in ``width``
+    time slots: one copy straight into a fresh buffer with KV_HEADROOM spare slots (where the
+    next appends write in place), the padding slots zeroed (masked, but read by torch's
+    attention: zeros keep its products finite)."""
+    b, rows = layer.keys.shape[0], layer.keys.shape[0] + other.keys.shape[0]
+    bufs = _fresh_buffers(layer, rows, width)
+    for name, buf in zip(("keys", "values"), bufs, strict=True):
+        for part, at in (
+            (getattr(layer, name), slice(0, b)),
+            (getattr(other, name), slice(b, None)),
+        ):
+            t = part.shape[-2]
+            buf[at, :, : width - t].zero_()
+            buf[at, :, width - t : width] = part
+    if getattr(layer, "in_place", False):
+        layer._buf = bufs
+    layer.keys, layer.values = bufs[0][:, :, :width], bufs[1][:, :, :width]
+
+
 @dataclass
 class _Seq:
     request_id: str
@@ -226,11 +247,7 @@ class HFStream:
         old_T, new_T = self.mask_BT.shape[1], mask_BT.shape[1]
         width = max(old_T, new_T)
         for old_layer, new_layer in zip(self.cache.layers, cache.layers):
-            for name in ("keys", "values"):
-                a, b = getattr(old_layer, name), getattr(new_layer, name)
-                a = torch.nn.functional.pad(a, (0, 0, width - old_T, 0))
-                b = torch.nn.functional.pad(b, (0, 0, width - new_T, 0))
-                setattr(old_layer, name, torch.cat([a, b], dim=0))
+            _join(old_layer, new_layer, width)
         self.mask_BT = torch.cat(
             [
                 torch.nn.functional.pad(self.mask_BT, (width - old_T, 0)),

@@ -1,7 +1,7 @@
 """The decode step's attention in C (``engines/cpu_attention.py``): built with the machine's
 compiler, it computes what the float64 reference computes for every layout the stream hands it
 (spare time slots, masked slots, grouped-query heads, head sizes with and without a
-specialised loop); it declines what it cannot read (other dtypes, devices, layouts) instead of
+specialised loop) and never reads a row's leading padding; it declines what it cannot read (other dtypes, devices, layouts) instead of
 reading it wrongly; a failed build leaves torch's path, said once; and a built library is
 reused, keyed by this CPU."""
 
@@ -56,6 +56,19 @@ def test_the_kernel_computes_the_reference_attention(B, H, KV, T, D):
     got = cpu_attention.decode_attention(q, k, v, bias, D**-0.5)
     assert got is not None and got.shape == (B, 1, H * D)
     assert (got.double() - reference(q, k, v, bias, D**-0.5)).abs().max() < 1e-5
+
+
+def test_a_rows_leading_padding_is_never_read():
+    """A row that joined a running batch is left-padded to its length: the kernel starts at
+    its first unmasked slot, so whatever the padding holds (here NaN) costs nothing and
+    changes nothing."""
+    q, k, v, bias = case(3, 4, 2, 12, 32)
+    bias[1, ..., :5] = MASKED
+    want = reference(q, k, v, bias, 32**-0.5)
+    k[0, :, :6], v[0, :, :6] = float("nan"), float("nan")
+    k[1, :, :5], v[1, :, :5] = float("nan"), float("nan")
+    got = cpu_attention.decode_attention(q, k, v, bias, 32**-0.5)
+    assert got is not None and (got.double() - want).abs().max() < 1e-5
 
 
 def test_what_it_cannot_read_is_declined_not_misread():
