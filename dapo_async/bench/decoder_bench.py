@@ -52,7 +52,7 @@ def stream_rate(engine, prompts, params, width: int, seconds: float, lean: bool)
 def forward_rate(engine, width: int, context: int, seconds: float, lean: bool) -> float:
     """Rows × decode steps per second on a full batch, the cache ``context`` tokens long."""
     from dapo_async.engines.hf_decode import LeanDecode
-    from dapo_async.engines.hf_stream import _grow_in_place
+    from dapo_async.engines.padded_kv import grow_in_place
 
     model = engine.model
     step = (
@@ -65,7 +65,7 @@ def forward_rate(engine, width: int, context: int, seconds: float, lean: bool) -
     while t_total < seconds:
         out = model(input_ids=ids_BT, use_cache=True)
         cache, mask_BT = out.past_key_values, torch.ones_like(ids_BT)
-        _grow_in_place(cache)
+        grow_in_place(cache)
         token_B = ids_BT[:, -1]
         t0 = time.monotonic()
         for _ in range(32):

@@ -56,7 +56,7 @@ BUILD_TIMEOUT_S = 60.0
 # How ``_compile`` builds, part of the cache key: a library built another way is not reused.
 RECIPE = b"2: compile -c with the flags, link -shared without them"
 
-_loaded: dict[str, object] = {}  # "fn": the ctypes function, or None after a failed build
+_loaded: dict[str, object] = {}  # "lib": the ctypes functions by name, or None after a failed build
 
 
 def cache_dir() -> Path:
@@ -135,18 +135,22 @@ def _compile(cc: str, flags: tuple[str, ...], out: str) -> str | None:
             os.unlink(out + ".o")
 
 
-def kernel():
-    """The loaded kernel (a ctypes function), or None where it cannot be built (logged once)."""
-    if "fn" not in _loaded:
+def kernel(name: str = "decode_attention"):
+    """The loaded kernel ``name`` (a ctypes function: ``decode_attention`` or
+    ``decode_attention_slots``), or None where the library cannot be built (logged once)."""
+    if "lib" not in _loaded:
         try:
-            fn = ctypes.CDLL(str(build())).decode_attention
-            fn.restype = None
+            lib = ctypes.CDLL(str(build()))
+            fn = lib.decode_attention
             fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 12 + [ctypes.c_float]
-            _loaded["fn"] = fn
+            slots = lib.decode_attention_slots
+            slots.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 10 + [ctypes.c_float]
+            fn.restype = slots.restype = None
+            _loaded["lib"] = {"decode_attention": fn, "decode_attention_slots": slots}
         except (RuntimeError, OSError, AttributeError) as e:
             log.warning("%s; decode attention stays on torch's matrix products", e)
-            _loaded["fn"] = None
-    return _loaded["fn"]
+            _loaded["lib"] = None
+    return None if _loaded["lib"] is None else _loaded["lib"][name]
 
 
 def applies(q_BH1D, k_BKTD, v_BKTD, bias_B11T) -> bool:
@@ -185,5 +189,22 @@ def decode_attention(q_BH1D, k_BKTD, v_BKTD, bias_B11T, scale: float) -> torch.T
         q.data_ptr(), k_BKTD.data_ptr(), v_BKTD.data_ptr(), bias_B11T.data_ptr(),
         out.data_ptr(), scratch.data_ptr(), B, H, KV, T, D,
         *k_BKTD.stride()[:3], *v_BKTD.stride()[:3], bias_B11T.stride(0), scale,
+    )  # fmt: skip
+    return out
+
+
+def decode_attention_slots(q_BH1D, k_SKTD, v_SKTD, slot_B, len_B, scale: float) -> torch.Tensor:
+    """[B, 1, H·D] attention of one query per row over a slot cache (``slot_kv.SlotKV``): row b
+    reads slot ``slot_B[b]`` over its first ``len_B[b]`` time slots. The caller checked that
+    the kernel is built (``kernel``) and holds float32 CPU buffers whose rows are contiguous."""
+    fn = kernel("decode_attention_slots")
+    B, H, _, D = q_BH1D.shape
+    q = q_BH1D.contiguous()
+    out = torch.empty((B, 1, H * D), dtype=torch.float32)
+    scratch = torch.empty(int(len_B.max()), dtype=torch.float32)
+    fn(
+        q.data_ptr(), k_SKTD.data_ptr(), v_SKTD.data_ptr(), slot_B.data_ptr(), len_B.data_ptr(),
+        out.data_ptr(), scratch.data_ptr(), B, H, k_SKTD.shape[1], D,
+        *k_SKTD.stride()[:3], *v_SKTD.stride()[:3], scale,
     )  # fmt: skip
     return out

@@ -22,7 +22,7 @@ static inline __attribute__((always_inline)) void one_head(
         const float *kr = k + t * k_t;
         float s = 0.f;
         for (int64_t d = 0; d < D; d++) s += qs[d] * kr[d];
-        s += bias[t];
+        if (bias) s += bias[t];
         scratch[t] = s;
         top = s > top ? s : top;
     }
@@ -74,5 +74,29 @@ void decode_attention(const float *q, const float *k, const float *v, const floa
     case 64: EVERY_HEAD(64) break;
     case 128: EVERY_HEAD(128) break;
     default: EVERY_HEAD(D) break;
+    }
+}
+
+/* The same over a slot cache (``engines/slot_kv.py``): row b reads slot slot[b] of k and v
+ * ([S, KV, T_max, D], read through their strides) over its own first len[b] time slots, so no
+ * row attends over padding or another row's length. scratch holds max(len) floats. */
+void decode_attention_slots(const float *q, const float *k, const float *v,
+                            const int64_t *slot, const int64_t *len, float *out,
+                            float *scratch, int64_t B, int64_t H, int64_t KV, int64_t D,
+                            int64_t k_s, int64_t k_h, int64_t k_t, int64_t v_s, int64_t v_h,
+                            int64_t v_t, float scale) {
+#define SLOT_HEADS(D_CONST)                                                                    \
+    for (int64_t b = 0; b < B; b++)                                                            \
+        for (int64_t h = 0; h < H; h++) {                                                      \
+            int64_t g = h / (H / KV);                                                          \
+            one_head(q + (b * H + h) * D, k + slot[b] * k_s + g * k_h,                         \
+                     v + slot[b] * v_s + g * v_h, 0, out + (b * H + h) * D, scratch, len[b],   \
+                     D_CONST, k_t, v_t, scale);                                                \
+        }
+    switch (D) {
+    case 32: SLOT_HEADS(32) break;
+    case 64: SLOT_HEADS(64) break;
+    case 128: SLOT_HEADS(128) break;
+    default: SLOT_HEADS(D) break;
     }
 }

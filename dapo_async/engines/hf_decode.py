@@ -9,7 +9,8 @@ prefills and for every other architecture.
 
     token_B, pos_B1, bias_B11T, cache ─► embed ─► per layer: rmsnorm → qkv (one GEMM) → rotary
         → cache.update (the stream's in-place KV buffers) → attention (two batched matrix
-        products, grouped-query heads folded in) → o_proj → +residual → rmsnorm
+        products, grouped-query heads folded in; with a ``SlotKV`` cache, its own write and
+        attention) → o_proj → +residual → rmsnorm
         → gate|up (one GEMM) → silu·up → down → +residual ─► norm ─► lm_head ─► logits_BV
 
 The fused matrices are copies: they are rebuilt whenever a source weight changed in place
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from dapo_async.engines.cpu_attention import decode_attention
+from dapo_async.engines.slot_kv import SlotKV
 
 # Architectures whose decoder layer is exactly: rmsnorm, attention with rotary (q/k/v with
 # optional bias), residual, rmsnorm, SwiGLU MLP, residual.
@@ -168,8 +170,12 @@ class LeanDecode:
             qk, v = mm(x, qkv_w, qkv_b).split([(H + KV) * D, KV * D], dim=-1)
             q, k = _rotate(qk.view(B, 1, H + KV, D).transpose(1, 2), cos, sin).split([H, KV], 1)
             v = v.view(B, 1, KV, D).transpose(1, 2)
-            k_all, v_all = cache.update(k, v, i)
-            h = h + mm(self._attend(q, k_all, v_all, bias_B11T), o_w, o_b)
+            if isinstance(cache, SlotKV):  # each row over its own slot (slot_kv.py)
+                cache.write(k, v, i)
+                att = cache.attend(q, i, self.scale)
+            else:
+                att = self._attend(q, *cache.update(k, v, i), bias_B11T)
+            h = h + mm(att, o_w, o_b)
             gate, up = mm(_rms(h, w_post, self.eps), gu_w).chunk(2, dim=-1)
             h = h + mm(F.silu(gate) * up, down_w)
         h = _rms(h, self.base.norm.weight, self.eps)

@@ -3,14 +3,20 @@ weights are taken between chunks of ``chunk_tokens`` decode steps.
 
     add_request(id, prompt, params) ─► pending (one sampler for all: requests differ only in n,
                                         max_tokens and stop_token_ids)
-    step():  pending? prefill them (a prompt its n sequences share, once), merge into the
-             batch's KV cache (left-padded)
+    step():  pending? prefill them (a prompt its n sequences share, once), add them to the
+             batch's KV cache
              new weights and reset_kv? recompute the whole batch's KV with them
              decode chunk_tokens tokens for every sequence (one forward per token: the lean
              step of ``hf_decode.py`` for Llama-shaped models, else transformers' forward)
-             finished sequences leave the batch (their cache rows are dropped, and the
-             columns only they used: one gather into a buffer with headroom);
+             finished sequences leave the batch;
              a request whose n sequences are all finished is returned
+
+The KV cache: on a CPU with the lean step and its C attention kernel, one slot a sequence
+(``slot_kv.py``: a row joins by copying its prefill into a free slot, leaves by freeing it,
+and attends over its own length), so refilling a running batch costs only the new rows;
+elsewhere one padded batch (``padded_kv.py``: rows left-padded to the longest; a join copies
+the whole cache once, and rows that leave are dropped with the columns only they used, one
+gather into a buffer with headroom).
     abort(id) ─► its rows leave the batch between steps (cache rows dropped), nothing returned
 
 Every token carries the version of the weights whose logits it was sampled from, so one
@@ -32,99 +38,18 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from dapo_async.engines import cpu_attention, padded_kv
 from dapo_async.engines.base import Completion, SamplingParams
 from dapo_async.engines.hf_decode import LeanDecode
 from dapo_async.engines.sampling import sample
+from dapo_async.engines.slot_kv import SlotKV
 
 # Mid-chunk, finished rows leave the batch once they are 1/DROP_FINISHED_AT of it (each drop
 # copies the cache once; computing finished rows until the chunk ends wastes more).
 DROP_FINISHED_AT = 8
-# Spare time slots allocated at once in a layer's KV buffer: appends write in place, and the
-# buffer is copied only every this many decode steps (torch.cat copied it at every step).
-KV_HEADROOM = 32
 # On an accelerator, sampled tokens come back to the host every this many decode steps (one
 # synchronisation each): a finished row then costs at most this many wasted steps.
 GPU_HOST_CHECK = 8
-
-
-def _fresh_buffers(layer, rows: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty key and value buffers shaped like ``layer``'s, for ``rows`` rows and ``t`` time
-    slots plus KV_HEADROOM spare ones."""
-    _, h, _, d = layer.keys.shape
-    return tuple(x.new_empty((rows, h, t + KV_HEADROOM, d)) for x in (layer.keys, layer.values))
-
-
-def _grow_in_place(cache) -> None:
-    """Make every layer of a transformers DynamicCache append into a preallocated buffer."""
-    from transformers.cache_utils import DynamicLayer
-
-    class BufferedLayer(DynamicLayer):
-        in_place = True  # _keep gathers into such a layer's buffer
-
-        def update(self, key_states, value_states, cache_kwargs=None):
-            if not self.is_initialized:
-                return super().update(key_states, value_states, cache_kwargs)
-            t, n = self.keys.shape[-2], key_states.shape[-2]
-            buf = getattr(self, "_buf", None)
-            fresh = (
-                buf is None
-                or buf[0].shape[:2] != self.keys.shape[:2]
-                or buf[0].shape[-2] < t + n
-                or buf[0].data_ptr() != self.keys.data_ptr()
-            )
-            if fresh:  # first append, rows changed, full, or keys replaced (merge/trim)
-                kb, vb = _fresh_buffers(self, self.keys.shape[0], t + n)
-                kb[:, :, :t] = self.keys
-                vb[:, :, :t] = self.values
-                self._buf = buf = (kb, vb)
-            buf[0][:, :, t : t + n] = key_states
-            buf[1][:, :, t : t + n] = value_states
-            self.keys, self.values = buf[0][:, :, : t + n], buf[1][:, :, : t + n]
-            return self.keys, self.values
-
-    for layer in cache.layers:
-        if type(layer) is DynamicLayer:
-            layer.__class__ = BufferedLayer
-
-
-@torch.no_grad()
-def _keep(cache, idx_B: torch.Tensor, start: int) -> None:
-    """Keep the rows ``idx_B`` (in that order, repeats allowed) and the time slots from ``start``
-    of every layer's keys and values: one gather per tensor, straight into a fresh buffer with
-    KV_HEADROOM spare slots, where the next appends write in place (indexing, then trimming,
-    then the first append's regrowth copied the cache three times)."""
-    for layer in cache.layers:
-        if not getattr(layer, "in_place", False):  # not a _grow_in_place layer: plain indexing
-            layer.keys = layer.keys[idx_B, :, start:]
-            layer.values = layer.values[idx_B, :, start:]
-            continue
-        t = layer.keys.shape[-2] - start
-        bufs = _fresh_buffers(layer, len(idx_B), t)
-        for old, buf in zip((layer.keys, layer.values), bufs, strict=True):
-            torch.index_select(old[:, :, start:], 0, idx_B, out=buf[:, :, :t])
-        layer._buf = bufs
-        layer.keys, layer.values = bufs[0][:, :, :t], bufs[1][:, :, :t]
-
-
-@torch.no_grad()
-def _join(layer, other, width: int) -> None:
-    """Append ``other``'s rows to ``layer``'s keys and values, each right-aligned in ``width``
-    time slots: one copy straight into a fresh buffer with KV_HEADROOM spare slots (where the
-    next appends write in place), the padding slots zeroed (masked, but read by torch's
-    attention: zeros keep its products finite)."""
-    b, rows = layer.keys.shape[0], layer.keys.shape[0] + other.keys.shape[0]
-    bufs = _fresh_buffers(layer, rows, width)
-    for name, buf in zip(("keys", "values"), bufs, strict=True):
-        for part, at in (
-            (getattr(layer, name), slice(0, b)),
-            (getattr(other, name), slice(b, None)),
-        ):
-            t = part.shape[-2]
-            buf[at, :, : width - t].zero_()
-            buf[at, :, width - t : width] = part
-    if getattr(layer, "in_place", False):
-        layer._buf = bufs
-    layer.keys, layer.values = bufs[0][:, :, :width], bufs[1][:, :, :width]
 
 
 @dataclass
@@ -167,10 +92,26 @@ class HFStream:
         self.pending: list[_Seq] = []
         self.active: list[_Seq] = []
         self.requests: dict[str, list[_Seq]] = {}
+        # each row in its own slot of a fixed cache (slot_kv.py), or one padded batch
+        self.slots = self._slot_cache()
         self.cache = None
         self.mask_BT: torch.Tensor | None = None  # 1 for real slots of each row's cache
         self.logits_BV: torch.Tensor | None = None  # next-token logits of each active row
         self.stats = {"prefill_tokens": 0, "decode_steps": 0, "kv_recomputes": 0}
+
+    def _slot_cache(self) -> SlotKV | None:
+        """A slot cache where the lean step's attention runs in the C kernel (a float32 model on
+        a CPU, the kernel built: ``generator.compiled_attention``), else None: a padded one."""
+        e = self.engine
+        if (
+            self.lean is None
+            or not getattr(e, "decode_attention_kernel", False)
+            or self.device.type != "cpu"
+            or e.model.dtype != torch.float32
+            or cpu_attention.kernel("decode_attention_slots") is None
+        ):
+            return None
+        return SlotKV(len(self.lean.base.layers), self.lean.kv_heads, self.lean.head_dim)
 
     @property
     def num_inflight(self) -> int:
@@ -219,9 +160,23 @@ class HFStream:
         if len(first) < len(rows):
             cache, mask_BT, logits_BV = self._prefill_rows([list(r) for r in first])
             idx = torch.tensor(index, device=self.device)
-            _keep(cache, idx, 0)
+            padded_kv.keep(cache, idx, 0)
             return cache, mask_BT[idx], logits_BV[idx]
         return self._prefill_rows(rows)
+
+    def _admit_to_slots(self, seqs: list[_Seq], fresh: bool) -> None:
+        """Prefill ``seqs`` (distinct rows once) into slots of the slot cache, appended to the
+        batch (``fresh``: the batch is only these)."""
+        rows = [s.prompt + s.tokens for s in seqs]
+        first: dict[tuple[int, ...], int] = {}
+        index = [first.setdefault(tuple(r), len(first)) for r in rows]
+        cache, mask_BT, logits_BV = self._prefill_rows([list(r) for r in first])
+        if fresh:
+            self.slots.keep([])
+        room = max(s.max_tokens - len(s.tokens) for s in seqs)
+        self.slots.add(cache, mask_BT, index, room)
+        logits_BV = logits_BV[torch.tensor(index)]
+        self.logits_BV = logits_BV if fresh else torch.cat([self.logits_BV, logits_BV])
 
     def _prefill_rows(self, rows: list[list[int]]):
         width = max(len(r) for r in rows)
@@ -239,7 +194,7 @@ class HFStream:
             position_ids=pos_BT,
             use_cache=True,
         )
-        _grow_in_place(out.past_key_values)
+        padded_kv.grow_in_place(out.past_key_values)
         return out.past_key_values, mask_BT, out.logits[:, -1].float()
 
     def _merge(self, cache, mask_BT, logits_BV) -> None:
@@ -247,7 +202,7 @@ class HFStream:
         old_T, new_T = self.mask_BT.shape[1], mask_BT.shape[1]
         width = max(old_T, new_T)
         for old_layer, new_layer in zip(self.cache.layers, cache.layers):
-            _join(old_layer, new_layer, width)
+            padded_kv.join(old_layer, new_layer, width)
         self.mask_BT = torch.cat(
             [
                 torch.nn.functional.pad(self.mask_BT, (width - old_T, 0)),
@@ -265,12 +220,17 @@ class HFStream:
             self.stats["kv_recomputes"] += int(bool(self.active))
             self.active += self.pending
             self.pending = []
-            self.cache, self.mask_BT, self.logits_BV = self._prefill(self.active)
+            if self.slots is not None:
+                self._admit_to_slots(self.active, fresh=True)
+            else:
+                self.cache, self.mask_BT, self.logits_BV = self._prefill(self.active)
             for s in self.active:
                 s.logits_version = version
         elif self.pending:
-            cache, mask_BT, logits_BV = self._prefill(self.pending)
-            self._merge(cache, mask_BT, logits_BV)
+            if self.slots is not None:
+                self._admit_to_slots(self.pending, fresh=False)
+            else:
+                self._merge(*self._prefill(self.pending))
             for s in self.pending:
                 s.logits_version = version
             self.active += self.pending
@@ -324,6 +284,12 @@ class HFStream:
         return live
 
     def _forward(self, token_B: torch.Tensor) -> None:
+        if self.slots is not None:  # positions, writes and attention per slot
+            self.stats["decode_steps"] += 1
+            pos_B1 = self.slots.step_positions()
+            self.logits_BV = self.lean(token_B, pos_B1, None, self.slots).float()
+            self.slots.advance()
+            return
         self.mask_BT = torch.cat([self.mask_BT, self.mask_BT.new_ones((len(token_B), 1))], dim=1)
         pos_B1 = self.mask_BT.sum(-1, keepdim=True) - 1
         self.stats["decode_steps"] += 1
@@ -354,7 +320,12 @@ class HFStream:
         keep = [i for i, s in enumerate(self.active) if not s.finish]
         if len(keep) == len(self.active):
             return token_B
-        if keep:
+        if self.slots is not None:  # nothing copied: the rows that left free their slots
+            self.slots.keep(keep)
+            idx = torch.tensor(keep, dtype=torch.long)
+            self.logits_BV = self.logits_BV[idx] if keep else None
+            token_B = None if token_B is None or not keep else token_B[idx]
+        elif keep:
             idx = torch.tensor(keep, device=self.device)
             self.mask_BT = self.mask_BT[idx]
             # columns now padding in every row (left by the rows that left) go too: without
@@ -362,7 +333,7 @@ class HFStream:
             used_T = self.mask_BT.any(0).nonzero()
             start = int(used_T[0]) if len(used_T) else 0
             self.mask_BT = self.mask_BT[:, start:]
-            _keep(self.cache, idx, start)
+            padded_kv.keep(self.cache, idx, start)
             self.logits_BV = self.logits_BV[idx]
             token_B = None if token_B is None else token_B[idx]
         else:

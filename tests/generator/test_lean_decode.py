@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from dapo_async.engines.hf_decode import LeanDecode
-from dapo_async.engines.hf_stream import HFStream, _grow_in_place
+from dapo_async.engines.hf_stream import HFStream
+from dapo_async.engines.padded_kv import grow_in_place
 
 SHAPE = dict(
     vocab_size=96,
@@ -41,7 +42,7 @@ def prefill(model, rows):
         ids[i, width - len(r) :] = torch.tensor(r)
         mask[i, width - len(r) :] = 1
     out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
-    _grow_in_place(out.past_key_values)
+    grow_in_place(out.past_key_values)
     return out.past_key_values, mask, out.logits[:, -1]
 
 
