@@ -13,8 +13,9 @@ threads, interleaved for ``--rounds`` rounds of ``--seconds`` each:
   the lean one with the stream's ``generator.decode_matmul_dtype``;
 - ``*_of_ceiling``: stream ÷ forward for each, and ``lean_speedup`` = lean ÷ plain stream;
 - with ``generator.compiled_attention`` (on a CPU, the default), ``stream_tokens_per_s_torchattention``:
-  the lean stream again with torch's attention instead of the C kernel
-  (``engines/cpu_attention.py``), and ``attention_kernel_speedup`` = lean ÷ that.
+  the lean stream again with torch's attention over the padded cache (``engines/padded_kv.py``)
+  instead of the C kernel over the slot cache (``engines/cpu_attention.py``,
+  ``engines/slot_kv.py``), and ``attention_kernel_speedup`` = lean ÷ that.
 
 A stream can beat its ceiling: rows leave the batch when they finish, so the tail of a drain
 decodes fewer rows per step than the full batch the ceiling times.

@@ -109,10 +109,11 @@ class GeneratorConfig:
     refill_at: float = F(
         -1.0,
         "stream: start new prompts once the sequences in flight fall to this fraction of "
-        "max_inflight. 1.0 refills continuously (best where a decode step costs about the same "
-        "for any batch: GPUs); 0.0 lets the running batch drain first (best on CPUs, where a "
-        "step costs in proportion to its rows, so a shrinking tail is cheap, while a refill "
-        "costs a prefill and a cache merge); -1 = auto (1.0 with CUDA, else 0.0). The lease "
+        "max_inflight. 1.0 refills continuously (best where a refill costs only its new rows: "
+        "GPUs, and the hf engine on a CPU with its slot KV cache); 0.0 lets the running batch "
+        "drain first (best where a refill copies the running rows' cache: the padded cache, "
+        "elsewhere on a CPU); -1 = auto (1.0 with CUDA or the slot cache, else 0.0; "
+        'docs/results.md, "Each sequence in its own slot"). The lease '
         "is asked for ahead, at a quarter of max_inflight or this, whichever is more. Either "
         "way each group is sent the moment it is done and weights land mid-response.",
     )

@@ -70,12 +70,14 @@ def generator_width(cfg, spare: bool) -> tuple[int, int]:
     return width, width // g.responses_per_prompt
 
 
-def refill_sequences(g) -> int:
+def refill_sequences(g, slotted: bool = False) -> int:
     """Sequences in flight at or below which a stream-mode generator leases more
-    (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA, drain on CPU)."""
+    (``generator.refill_at`` of ``max_inflight``; auto: continuous on CUDA and where the
+    stream keeps each sequence in its own KV slot (``slotted``: ``engines/slot_kv.py``, a
+    refill costs only the new rows), else drain first)."""
     fraction = g.refill_at
     if fraction < 0:
-        fraction = 1.0 if on_gpu() else 0.0
+        fraction = 1.0 if on_gpu() or slotted else 0.0
     return int(fraction * g.inflight_target)
 
 

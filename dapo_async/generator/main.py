@@ -130,11 +130,12 @@ def make_loop(cfg, engine, args: tuple, kwargs: dict, width: int | None = None):
         return GeneratorLoop(*args, **kwargs)
     # the rollout function's episodes (single_turn by default), their turns on the engine's stream
     inner = engine.stream(g.update_interval_tokens, g.reset_kv_on_update, cfg.seed)
+    slotted = getattr(inner, "slots", None) is not None  # hf on a CPU: engines/slot_kv.py
     return StreamLoop(
         *args,
         stream=EpisodeStream(inner, kwargs["rollout"], engine),
         inflight_target=width,
         inflight_updates=g.inflight_updates,
-        refill_at=min(refill_sequences(g), width),
+        refill_at=min(refill_sequences(g, slotted), width),
         **kwargs,
     )

@@ -1,5 +1,5 @@
-"""A stream left to drain before new prompts start (``refill_at`` below the target, the CPU
-default) asks for its next lease ahead of its end (``LEASE_AHEAD_AT``), holds the granted
+"""A stream left to drain before new prompts start (``refill_at`` below the target, the
+default over the padded KV cache) asks for its next lease ahead of its end (``LEASE_AHEAD_AT``), holds the granted
 prompts until the last row finishes, then starts them all. Real hf engine and decoder; no buffer (the sent messages are
 captured, the grants set as the buffer's reply would set them)."""
 
@@ -26,7 +26,7 @@ def _loop(eng, overrides=()):
             "generator.mode=stream",
             f"generator.responses_per_prompt={N}",
             f"generator.prompts_per_batch={TARGET // N}",
-            "generator.refill_at=0",  # drain, then refill (the CPU default, said outright)
+            "generator.refill_at=0",  # drain, then refill (said outright)
             *overrides,
         ],
     )
@@ -90,3 +90,17 @@ def test_a_continuous_stream_starts_what_it_is_granted_at_once(tiny_model):
     _grant(loop, 1, prompts[1:])
     assert loop.stream.num_inflight == 2 * N and not loop.waiting
     loop.stream.close()
+
+
+def test_auto_refill_is_continuous_where_each_sequence_has_its_own_kv_slot(tiny_model):
+    """``generator.refill_at=-1`` on a CPU: continuous where the stream's cache is the slot
+    cache (a refill costs only its new rows), drain first over the padded cache."""
+    eng = HFEngine(str(tiny_model))
+    eng.decode_attention_kernel = True  # as engine_for sets it on a CPU: the slot cache
+    slotted = _loop(eng, ["generator.refill_at=-1"])
+    assert slotted.refill_at == TARGET
+    slotted.stream.close()
+    eng.decode_attention_kernel = False  # torch's attention: the padded cache
+    padded = _loop(eng, ["generator.refill_at=-1"])
+    assert padded.refill_at == 0
+    padded.stream.close()
