@@ -84,9 +84,11 @@ class GeneratorConfig:
         True,
         "stream, hf engine, lean decode, CPU: each decode step's float32 attention in a small C "
         "kernel (engines/decode_attention.c), built once per machine with the system's C "
-        "compiler ($CC, default cc) and cached under ~/.cache/dapo_async/kernels: the tiny "
-        "policies' streams ~1.2x faster than with torch's batched products (`bench decoder`, "
-        "docs/results.md). Without a compiler, or false, torch's products.",
+        "compiler ($CC, default cc) and cached under ~/.cache/dapo_async/kernels, over a KV "
+        "cache of one slot a sequence (engines/slot_kv.py: each row attends over its own "
+        "length; rows join and leave without copying the others): the tiny policy's stream "
+        "~1.3x faster than torch's batched products over the padded cache (`bench decoder`, "
+        "docs/results.md). Without a compiler, or false, torch's products and the padded cache.",
     )
     decode_matmul_dtype: str = Choice(
         "stream, hf engine, lean decode: the dtype of the decode step's weight matrix products "
