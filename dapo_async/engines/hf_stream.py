@@ -10,6 +10,7 @@ weights are taken between chunks of ``chunk_tokens`` decode steps.
              step of ``hf_decode.py`` for Llama-shaped models, else transformers' forward)
              finished sequences leave the batch;
              a request whose n sequences are all finished is returned
+    abort(id) ─► its rows leave the batch between steps (cache rows dropped), nothing returned
 
 The KV cache: on a CPU with the lean step and its C attention kernel, one slot a sequence
 (``slot_kv.py``: a row joins by copying its prefill into a free slot, leaves by freeing it,
@@ -17,7 +18,6 @@ and attends over its own length), so refilling a running batch costs only the ne
 elsewhere one padded batch (``padded_kv.py``: rows left-padded to the longest; a join copies
 the whole cache once, and rows that leave are dropped with the columns only they used, one
 gather into a buffer with headroom).
-    abort(id) ─► its rows leave the batch between steps (cache rows dropped), nothing returned
 
 Every token carries the version of the weights whose logits it was sampled from, so one
 response may span several versions (an update between chunks). With ``reset_kv`` the cache is
@@ -63,6 +63,14 @@ class _Seq:
     logits_version: int = -1  # weights that computed this row's next-token logits
     max_tokens: int = 0  # this request's length limit
     stops: frozenset = frozenset()  # token ids that end it (EOS and its stop_token_ids)
+
+
+def _distinct_rows(seqs: list[_Seq]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct rows of ``seqs``, prompt and tokens so far; each sequence's index among
+    them): the n sequences of a new request share one row, prefilled once."""
+    first: dict[tuple[int, ...], int] = {}
+    index = [first.setdefault(tuple(s.prompt + s.tokens), len(first)) for s in seqs]
+    return [list(r) for r in first], index
 
 
 class HFStream:
@@ -154,23 +162,19 @@ class HFStream:
         """(cache, mask_BT, last logits) of ``seqs`` over their prompt and tokens so far. Rows
         alike (the n sequences of a new request share its prompt) are computed once and their
         cache rows copied: the prefill runs on the distinct rows only."""
-        rows = [s.prompt + s.tokens for s in seqs]
-        first: dict[tuple[int, ...], int] = {}
-        index = [first.setdefault(tuple(r), len(first)) for r in rows]
-        if len(first) < len(rows):
-            cache, mask_BT, logits_BV = self._prefill_rows([list(r) for r in first])
+        distinct, index = _distinct_rows(seqs)
+        if len(distinct) < len(seqs):
+            cache, mask_BT, logits_BV = self._prefill_rows(distinct)
             idx = torch.tensor(index, device=self.device)
             padded_kv.keep(cache, idx, 0)
             return cache, mask_BT[idx], logits_BV[idx]
-        return self._prefill_rows(rows)
+        return self._prefill_rows(distinct)
 
     def _admit_to_slots(self, seqs: list[_Seq], fresh: bool) -> None:
         """Prefill ``seqs`` (distinct rows once) into slots of the slot cache, appended to the
         batch (``fresh``: the batch is only these)."""
-        rows = [s.prompt + s.tokens for s in seqs]
-        first: dict[tuple[int, ...], int] = {}
-        index = [first.setdefault(tuple(r), len(first)) for r in rows]
-        cache, mask_BT, logits_BV = self._prefill_rows([list(r) for r in first])
+        distinct, index = _distinct_rows(seqs)
+        cache, mask_BT, logits_BV = self._prefill_rows(distinct)
         if fresh:
             self.slots.keep([])
         room = max(s.max_tokens - len(s.tokens) for s in seqs)
